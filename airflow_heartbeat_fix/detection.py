@@ -1,0 +1,179 @@
+"""
+Decide which fixes the installed Airflow needs, from Airflow's own code rather than its version string.
+
+Two facts are read off the installed classes (:func:`read_facts`); everything else is the pure
+function :func:`decide`, so the decision table is testable without any particular Airflow installed.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+SINK_FIX = "session_preserving_sink"
+PURGE_FIX = "converged_heartbeat_purge"
+FIXES = (SINK_FIX, PURGE_FIX)
+
+FIX_TITLES = {
+    SINK_FIX: "callback sink keeps the scheduler's session (UniqueViolation crash, detached batches)",
+    PURGE_FIX: "heartbeat-timeout purge converges the task instance (duplicate callbacks)",
+}
+
+#: Scheduler methods the fixes wrap; a version without any of them is a shape we do not understand.
+SINK_FIX_HOOKS = ("_run_scheduler_loop", "_send_dag_callbacks_to_processor", "_process_executor_events")
+PURGE_FIX_HOOKS = ("_find_task_instances_without_heartbeats", "_purge_task_instances_without_heartbeats")
+
+
+class FixState(str, enum.Enum):
+    """What this package does about one fix on this installation."""
+
+    ACTIVE = "active"
+    NOT_NEEDED = "not needed (present upstream)"
+    DISABLED = "disabled"
+    UNSUPPORTED = "unsupported"
+
+
+@dataclass(frozen=True)
+class AirflowFacts:
+    """What the installed Airflow's code says about the two bugs; ``None`` means "not recognised"."""
+
+    version: str
+    sink_commits_caller_session: bool | None
+    purge_converges: bool | None
+    missing_hooks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FixDecision:
+    fix: str
+    state: FixState
+    reason: str
+
+
+def decide(facts: AirflowFacts, *, enabled: bool) -> dict[str, FixDecision]:
+    """Map the facts about an installation to one decision per fix."""
+    missing = [hook for hook in facts.missing_hooks if hook in SINK_FIX_HOOKS]
+    if missing:
+        sink = FixDecision(
+            SINK_FIX,
+            FixState.UNSUPPORTED,
+            f"Airflow {facts.version}: SchedulerJobRunner has no {', '.join(missing)}; left unpatched",
+        )
+    elif facts.sink_commits_caller_session is None:
+        sink = FixDecision(
+            SINK_FIX,
+            FixState.UNSUPPORTED,
+            f"Airflow {facts.version}: DatabaseCallbackSink.send has a shape this package does not "
+            "recognise; left unpatched",
+        )
+    elif not facts.sink_commits_caller_session:
+        sink = FixDecision(
+            SINK_FIX, FixState.NOT_NEEDED, "DatabaseCallbackSink.send already uses the caller's session"
+        )
+    elif not enabled:
+        sink = FixDecision(SINK_FIX, FixState.DISABLED, "[heartbeat_fix] enabled = False")
+    else:
+        sink = FixDecision(
+            SINK_FIX,
+            FixState.ACTIVE,
+            "DatabaseCallbackSink.send is @provide_session and commits/closes the scheduler's session",
+        )
+
+    missing = [hook for hook in facts.missing_hooks if hook in PURGE_FIX_HOOKS]
+    if missing:
+        purge = FixDecision(
+            PURGE_FIX,
+            FixState.UNSUPPORTED,
+            f"Airflow {facts.version}: SchedulerJobRunner has no {', '.join(missing)}; left unpatched",
+        )
+    elif facts.purge_converges is None:
+        purge = FixDecision(
+            PURGE_FIX,
+            FixState.UNSUPPORTED,
+            f"Airflow {facts.version}: the heartbeat-timeout purge has a shape this package does not "
+            "recognise; left unpatched",
+        )
+    elif facts.purge_converges:
+        purge = FixDecision(
+            PURGE_FIX,
+            FixState.NOT_NEEDED,
+            "the purge already locks its rows and calls handle_failure() in the same pass",
+        )
+    elif not enabled:
+        purge = FixDecision(PURGE_FIX, FixState.DISABLED, "[heartbeat_fix] enabled = False")
+    elif sink.state not in (FixState.ACTIVE, FixState.NOT_NEEDED):
+        # Without a sink that leaves the session alone, the row locks and the batch's task instances
+        # would not survive the first callback: the backport is only correct on top of it.
+        purge = FixDecision(
+            PURGE_FIX, FixState.UNSUPPORTED, "needs the session-preserving callback sink, which is not active"
+        )
+    else:
+        purge = FixDecision(
+            PURGE_FIX,
+            FixState.ACTIVE,
+            "the purge sends a callback but leaves the task instance RUNNING for the next scan",
+        )
+    return {SINK_FIX: sink, PURGE_FIX: purge}
+
+
+def _names_used(func: Any) -> frozenset[str] | None:
+    code = getattr(func, "__code__", None)
+    return frozenset(code.co_names) if code is not None else None
+
+
+def _is_provide_session_wrapper(func: Any) -> bool:
+    """True if ``func`` is ``provide_session``'s wrapper: it commits and closes the session it creates."""
+    from airflow.utils.session import provide_session
+
+    def _probe(session: Any = None) -> None: ...
+
+    probe_code = provide_session(_probe).__code__
+    return getattr(func, "__code__", None) is probe_code and hasattr(func, "__wrapped__")
+
+
+def sink_commits_caller_session(sink_cls: type) -> bool | None:
+    """
+    Whether ``DatabaseCallbackSink.send``, called without a session, commits the thread's scoped session.
+
+    The stock sink is ``@provide_session``; executors call it without a session, so ``create_session()``
+    hands it the scheduler's own scoped session and commits and closes it. A sink whose ``send`` takes
+    the caller's session and is not wrapped does not. Anything else is not recognised.
+    """
+    send = sink_cls.__dict__.get("send")
+    if send is None:
+        return None
+    if _is_provide_session_wrapper(send):
+        inner = send.__wrapped__
+        return True if "session" in inner.__code__.co_varnames else None
+    code = getattr(send, "__code__", None)
+    if code is not None and "session" in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
+        return False
+    return None
+
+
+def purge_converges(runner_cls: type) -> bool | None:
+    """
+    Whether the heartbeat-timeout purge moves the task instance out of RUNNING in the same pass.
+
+    Upstream's converged purge calls ``handle_failure`` and its scan uses ``with_row_locks``; the
+    unconverged one only sends a ``TaskCallbackRequest`` (``send_callback``).
+    """
+    purge = _names_used(runner_cls.__dict__.get("_purge_task_instances_without_heartbeats"))
+    find = _names_used(runner_cls.__dict__.get("_find_task_instances_without_heartbeats"))
+    if purge is None or find is None or "send_callback" not in purge:
+        return None
+    if "handle_failure" in purge:
+        return "with_row_locks" in find or None
+    return False
+
+
+def read_facts(*, version: str, sink_cls: type, runner_cls: type) -> AirflowFacts:
+    """Inspect Airflow's own (unpatched) sink and scheduler classes."""
+    missing = tuple(hook for hook in (*SINK_FIX_HOOKS, *PURGE_FIX_HOOKS) if not hasattr(runner_cls, hook))
+    return AirflowFacts(
+        version=version,
+        sink_commits_caller_session=sink_commits_caller_session(sink_cls),
+        purge_converges=purge_converges(runner_cls),
+        missing_hooks=missing,
+    )

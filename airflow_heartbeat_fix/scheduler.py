@@ -1,0 +1,208 @@
+"""
+``SchedulerJobRunner`` subclasses: each fix is one mixin; :func:`build_runner_class` stacks the active ones.
+
+Every override calls ``super()`` and adds the step upstream added; nothing of the upstream method
+bodies is copied. Only the mixins of active fixes are in the MRO, so a fix that is "not needed" or
+"disabled" leaves the stock method in charge.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+from airflow import settings
+from airflow.callbacks.callback_requests import EmailRequest, TaskCallbackRequest
+from airflow.exceptions import DagNotFound
+from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+from airflow.models.taskinstance import TaskInstance as TI
+from airflow.utils.sqlalchemy import with_row_locks
+from airflow.utils.state import TaskInstanceState
+
+from airflow_heartbeat_fix import session_binding
+from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from sqlalchemy.orm import Session
+
+    from airflow.callbacks.callback_requests import CallbackRequest, DagCallbackRequest
+    from airflow.executors.base_executor import BaseExecutor
+
+log = logging.getLogger(__name__)
+
+#: States the heartbeat-timeout scan selects; anything else was finished by someone else meanwhile.
+HEARTBEAT_TIMEOUT_STATES = (TaskInstanceState.RUNNING, TaskInstanceState.RESTARTING)
+
+
+class CommitDagCallbacksMixin(SchedulerJobRunner):
+    """
+    Session-preserving sink, scheduler side: commit where the stock sink used to, and nowhere else.
+
+    ``_do_scheduling`` sends Dag-level callbacks and then runs the critical section, which expunges the
+    session and can roll it back: it relied on the stock sink's commit, so it now commits after each
+    Dag callback. Executor-event processing binds ``ti.set_state`` to its batch session (upstream passes
+    ``session=session`` in the Dag-lookup-failure branch).
+    """
+
+    def _send_dag_callbacks_to_processor(self, dag: Any, callback: DagCallbackRequest | None = None) -> None:
+        super()._send_dag_callbacks_to_processor(dag, callback)
+        if callback:
+            # The sink added the request to the thread's scoped session, which is the session of
+            # _do_scheduling and of _update_dag_run_state_for_paused_dags (@provide_session).
+            settings.Session().commit()
+
+    def _process_executor_events(self, executor: BaseExecutor, session: Session) -> int:
+        with session_binding.bound_to(session):
+            return super()._process_executor_events(executor, session)
+
+
+class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
+    """
+    Backport of the converged heartbeat-timeout purge to schedulers that only send the callback.
+
+    The stock purge sends a ``TaskCallbackRequest`` and leaves the task instance RUNNING, so the next
+    scan sends another one for the same try. Here the scan locks its rows, the purge re-validates them,
+    loads ``ti.task`` (for ``fail_fast``, retries and email settings), types the callback by retry
+    eligibility, sends the email request the executor-event path would have sent, and calls
+    ``handle_failure`` in the same pass. The stock purge still runs for each task instance: it writes
+    the audit ``Log`` row and the error line, builds and sends the callback, tells the executor, and
+    emits ``task_instances_without_heartbeats_killed``.
+    """
+
+    def _find_task_instances_without_heartbeats(self, *, session: Session) -> list[TI]:
+        found = super()._find_task_instances_without_heartbeats(session=session)
+        if not found:
+            return found
+        # Lock the rows (of=TI) so no worker commits a terminal state between this scan and the purge,
+        # and skip rows another scheduler holds so HA schedulers neither wait nor double-handle them.
+        # The state filter drops rows that left RUNNING since the stock scan read them.
+        locked = with_row_locks(
+            select(TI.id).where(TI.id.in_([ti.id for ti in found]), TI.state.in_(HEARTBEAT_TIMEOUT_STATES)),
+            of=TI,
+            session=session,
+            skip_locked=True,
+        )
+        locked_ids = set(session.scalars(locked))
+        return [ti for ti in found if ti.id in locked_ids]
+
+    def _purge_task_instances_without_heartbeats(
+        self, task_instances_without_heartbeats: list[TI], *, session: Session
+    ) -> None:
+        for ti in self._still_running(task_instances_without_heartbeats, session=session):
+            ti.task = self._load_task(ti, session=session)
+            callback_type = (
+                TaskInstanceState.UP_FOR_RETRY if ti.is_eligible_to_retry() else TaskInstanceState.FAILED
+            )
+            with _typed_task_callbacks(self.executor, callback_type) as sent:
+                super()._purge_task_instances_without_heartbeats([ti], session=session)
+            if not sent and ti.state != TaskInstanceState.RESTARTING:
+                # The stock purge skipped this one (no Dag version to build a callback from);
+                # upstream's converged purge leaves it alone too.
+                continue
+            # Once the task instance leaves RUNNING, the executor-event path no longer sends the email.
+            if _has_email_alerts(ti.task):
+                for request in sent:
+                    self.executor.send_callback(_email_request_for(request, callback_type))
+            msg = str(self._generate_task_instance_heartbeat_timeout_message_details(ti))
+            ti.handle_failure(error=msg, session=session)
+
+    def _still_running(self, tis: list[TI], *, session: Session) -> list[TI]:
+        """Re-read the batch's committed state in one query; a worker may have finished one meanwhile."""
+        if not tis:
+            return tis
+        refreshed = session.scalars(
+            select(TI).where(TI.id.in_([ti.id for ti in tis])).execution_options(populate_existing=True)
+        )
+        by_id = {ti.id: ti for ti in refreshed}
+        still_running = []
+        for ti in tis:
+            current = by_id.get(ti.id)
+            if current is None or current.state not in HEARTBEAT_TIMEOUT_STATES:
+                self.log.info(
+                    "Task instance %s is no longer running (state=%s); skipping heartbeat-timeout purge",
+                    ti,
+                    current.state if current is not None else "deleted",
+                )
+                continue
+            still_running.append(current)
+        return still_running
+
+    def _load_task(self, ti: TI, *, session: Session) -> Any:
+        """The serialized task, or ``None`` (the task instance is still failed, without task context)."""
+        try:
+            dag = self.scheduler_dag_bag.get_dag_for_run(dag_run=ti.dag_run, session=session)
+            if not dag:
+                raise DagNotFound(f"DAG '{ti.dag_id}' not found in serialized_dag table")
+            return dag.get_task(ti.task_id)
+        except Exception:
+            self.log.exception(
+                "Could not load the task of heartbeat-timed-out task instance %s; "
+                "failing it without fail_fast/retries/email context",
+                ti,
+            )
+            return None
+
+
+def _has_email_alerts(task: Any) -> bool:
+    return bool(task is not None and task.email and (task.email_on_failure or task.email_on_retry))
+
+
+def _email_request_for(request: TaskCallbackRequest, callback_type: TaskInstanceState) -> EmailRequest:
+    """The email request for the same try, built from the callback request the stock purge sent."""
+    return EmailRequest(
+        filepath=request.filepath,
+        bundle_name=request.bundle_name,
+        bundle_version=request.bundle_version,
+        ti=request.ti,
+        msg=request.msg,
+        email_type="retry" if callback_type == TaskInstanceState.UP_FOR_RETRY else "failure",
+        context_from_server=request.context_from_server,
+        **({"version_data": request.version_data} if hasattr(request, "version_data") else {}),
+    )
+
+
+@contextlib.contextmanager
+def _typed_task_callbacks(
+    executor: BaseExecutor, callback_type: TaskInstanceState
+) -> Iterator[list[TaskCallbackRequest]]:
+    """
+    While the stock purge runs, stamp its task callbacks with ``callback_type`` and collect them.
+
+    3.2 sends heartbeat-timeout callbacks untyped (so a retryable task gets ``on_failure_callback``) and
+    3.3 types them without the task loaded; the type is decided here, before the state changes.
+    """
+    sent: list[TaskCallbackRequest] = []
+    send_callback: Callable[[CallbackRequest], None] = executor.send_callback
+
+    def typed_send_callback(request: CallbackRequest) -> None:
+        if isinstance(request, TaskCallbackRequest):
+            request.task_callback_type = callback_type
+            sent.append(request)
+        send_callback(request)
+
+    executor.send_callback = typed_send_callback  # type: ignore[method-assign]
+    try:
+        yield sent
+    finally:
+        del executor.send_callback
+
+
+MIXINS: dict[str, type[SchedulerJobRunner]] = {
+    SINK_FIX: CommitDagCallbacksMixin,
+    PURGE_FIX: ConvergedHeartbeatPurgeMixin,
+}
+
+
+def build_runner_class(
+    active_fixes: list[str], base: type[SchedulerJobRunner] = SchedulerJobRunner
+) -> type[SchedulerJobRunner]:
+    """The scheduler runner class with the mixins of ``active_fixes`` (purge before sink in the MRO)."""
+    mixins = tuple(MIXINS[fix] for fix in (PURGE_FIX, SINK_FIX) if fix in active_fixes)
+    if not mixins:
+        return base
+    return type("HeartbeatFixSchedulerJobRunner", (*mixins, base), {"__module__": __name__})

@@ -1,0 +1,4 @@
+"""Overrides for Apache Airflow's Breeze dev tool (``dev/breeze``); see README.md.
+
+Not part of the ``airflow-heartbeat-fix`` distribution.
+"""

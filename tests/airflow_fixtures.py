@@ -18,7 +18,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -45,13 +45,20 @@ class DagSpec:
     dag_id: str
     tasks: list[TaskSpec] = field(default_factory=lambda: [TaskSpec()])
     fail_fast: bool = False
+    dag_callbacks: bool = False
 
 
 def _build_dag(spec: DagSpec) -> Any:
     from airflow.providers.standard.operators.empty import EmptyOperator
     from airflow.sdk import DAG
 
-    with DAG(spec.dag_id, schedule=None, fail_fast=spec.fail_fast, catchup=False) as dag:
+    with DAG(
+        spec.dag_id,
+        schedule=None,
+        fail_fast=spec.fail_fast,
+        catchup=False,
+        on_failure_callback=_noop_callback if spec.dag_callbacks else None,
+    ) as dag:
         for task in spec.tasks:
             EmptyOperator(
                 task_id=task.task_id,
@@ -63,6 +70,11 @@ def _build_dag(spec: DagSpec) -> Any:
                 on_failure_callback=_noop_callback if task.callbacks else None,
                 on_retry_callback=_noop_callback if task.callbacks else None,
             )
+    # Where the Dag processor would have found it: callback requests carry the bundle-relative path.
+    dag.relative_fileloc = f"{spec.dag_id}.py"
+    dag.fileloc = os.path.join(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], dag.relative_fileloc)
+    with open(dag.fileloc, "w") as stub:
+        stub.write(f"# {spec!r}: built in-process by tests/airflow_fixtures.py\n")
     return dag
 
 
@@ -70,12 +82,14 @@ def sync_dag(spec: DagSpec, session: Session) -> None:
     """Serialize ``spec`` into the metadata database as the Dag processor does."""
     from airflow.dag_processing.bundles.manager import DagBundlesManager
     from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+    from airflow.models.dag import DagModel
 
     DagBundlesManager().sync_bundles_to_db(session=session)
     session.flush()
     dagbag = DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"], collect_dags=False)
     dagbag.bag_dag(_build_dag(spec))
     sync_bag_to_db(dagbag, "dags-folder", None, session=session)
+    session.execute(update(DagModel).where(DagModel.dag_id == spec.dag_id).values(is_paused=False))
     session.flush()
 
 
@@ -121,7 +135,7 @@ def dag_maker(request: pytest.FixtureRequest, session: Session) -> Callable[...,
         dag_id = f"{request.node.name}_{next(_run_ids)}".replace("[", "_").replace("]", "").replace("-", "_")
         sync_dag(DagSpec(dag_id=dag_id, **kwargs), session)
         serialized = DBDagBag().get_latest_version_of_dag(dag_id, session=session)
-        now = datetime.now(tz=timezone.utc)
+        now = datetime.now(tz=timezone.utc) - timedelta(minutes=1)
         dag_run = serialized.create_dagrun(
             run_id=f"manual__{dag_id}",
             logical_date=now,

@@ -1,0 +1,580 @@
+"""
+``airflow-heartbeat-fix demo``: reproduce both scheduler bugs with real Airflow components, stock vs fixed.
+
+Each run gets a fresh ``AIRFLOW_HOME`` and database, the Dags from ``dags/``, and the real
+``airflow api-server`` (execution API only), ``airflow dag-processor`` and ``airflow scheduler``
+(LocalExecutor) of this environment, with a short task heartbeat timeout. Both Dags' tasks freeze their
+own supervisor, so the scheduler fails them on heartbeat timeout. The first run has
+``AIRFLOW__HEARTBEAT_FIX__ENABLED=False`` (stock Airflow), the second ``True``.
+
+Progress goes to stderr, the side-by-side result table to stdout (``--json PATH`` writes it as JSON).
+The exit code is 0 when the fixed run converged as expected, 1 when it did not, 2 on a setup error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import secrets
+import shutil
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from airflow_heartbeat_fix import demo_report as report
+from airflow_heartbeat_fix.demo_email import EMAIL_LOG_NAME, SUBJECT_TEMPLATE
+from airflow_heartbeat_fix.demo_procs import Processes, free_port, http_ok
+
+CALLBACK_LOG_NAME = "callback_log.jsonl"
+SQLITE = "sqlite"
+LABELS = ("stock", "fixed")
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    home: Path
+    database: str | None
+    dags_dir: Path
+    airflow_bin: Path
+    airflow_version: str
+    heartbeat_timeout: int
+    detection_interval: int
+    timeout: float
+    settle: float
+    runs: tuple[str, ...]
+    json_path: Path | None
+
+    @property
+    def db_label(self) -> str:
+        return db_label(self.database)
+
+
+class DemoError(Exception):
+    """A setup step failed; the message says which."""
+
+
+# --- small pure helpers ---------------------------------------------------------------------------
+
+
+def db_label(database: str | None) -> str:
+    if not database:
+        return SQLITE
+    return database.split(":", 1)[0].split("+", 1)[0]
+
+
+def default_home(cwd: Path, airflow_version: str, database: str | None) -> Path:
+    return cwd / ".demo" / f"{airflow_version}-{db_label(database)}"
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+def airflow_env(
+    base: dict[str, str],
+    *,
+    home: Path,
+    database_url: str,
+    api_port: int,
+    fix_enabled: bool,
+    heartbeat_timeout: int,
+    detection_interval: int,
+    jwt_secret: str,
+) -> dict[str, str]:
+    """The environment of every Airflow command of one run: isolated from the caller's Airflow config."""
+    env = {k: v for k, v in base.items() if not k.startswith(("AIRFLOW", "_AIRFLOW"))}
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database_url,
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(api_port),
+            "AIRFLOW__API_AUTH__JWT_SECRET": jwt_secret,
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(heartbeat_timeout),
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": str(detection_interval),
+            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL": "1",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "60",
+            "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
+            "AIRFLOW__EMAIL__EMAIL_BACKEND": "airflow_heartbeat_fix.demo_email.send_email",
+            "AIRFLOW__EMAIL__SUBJECT_TEMPLATE": str(home / "email_subject.j2"),
+            "AIRFLOW__HEARTBEAT_FIX__ENABLED": str(fix_enabled),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def should_stop(
+    *,
+    since_trigger: float,
+    crashed_for: float | None,
+    exited: bool,
+    terminal_for: float | None,
+    quiet_for: float,
+    timeout: float,
+    settle: float,
+) -> str | None:
+    """Why to stop watching a run now, or None to keep waiting."""
+    if crashed_for is not None and crashed_for >= min(settle, 5.0):
+        return "scheduler crashed"
+    if exited and crashed_for is None:
+        return "scheduler exited"
+    if terminal_for is not None and terminal_for >= settle and quiet_for >= settle / 2:
+        return "Dag runs finished, callbacks settled"
+    if since_trigger >= timeout:
+        return f"timed out after {timeout:.0f} s"
+    return None
+
+
+# --- locating things ------------------------------------------------------------------------------
+
+
+def find_dags_dir(explicit: Path | None) -> Path:
+    """``--dags``, else the repository's ``dags/`` next to this package, else the packaged copy."""
+    if explicit is not None:
+        return explicit
+    repo_dags = Path(__file__).resolve().parent.parent / "dags"
+    if (repo_dags / "duplicate_heartbeat_callbacks.py").is_file():
+        return repo_dags
+    raise DemoError("no dags/ directory next to the package; pass --dags PATH")
+
+
+def airflow_executable() -> Path:
+    path = Path(sys.executable).parent / "airflow"
+    if not path.exists():
+        raise DemoError(f"no airflow executable next to {sys.executable}")
+    return path
+
+
+def installed_airflow_version() -> str:
+    for dist in ("apache-airflow-core", "apache-airflow"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    raise DemoError("Airflow is not installed in this environment")
+
+
+# --- progress -------------------------------------------------------------------------------------
+
+
+class Progress:
+    """One status line on stderr: rewritten in place on a terminal, every few seconds otherwise."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.tty = sys.stderr.isatty()
+        self.started = time.monotonic()
+        self._last_text = ""
+        self._last_print = 0.0
+
+    def update(self, phase: str, detail: str = "") -> None:
+        elapsed = time.monotonic() - self.started
+        text = f"[{self.label}] {elapsed:5.0f}s  {phase}" + (f"  | {detail}" if detail else "")
+        now = time.monotonic()
+        if self.tty:
+            sys.stderr.write("\r\x1b[2K" + text[: shutil.get_terminal_size().columns - 1])
+            sys.stderr.flush()
+        elif text.split("s  ", 1)[-1] != self._last_text or now - self._last_print >= 10:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+            self._last_print = now
+        self._last_text = text.split("s  ", 1)[-1]
+
+    def done(self, message: str) -> None:
+        if self.tty:
+            sys.stderr.write("\r\x1b[2K")
+        sys.stderr.write(f"[{self.label}] {time.monotonic() - self.started:5.0f}s  {message}\n")
+        sys.stderr.flush()
+
+
+# --- database reads -------------------------------------------------------------------------------
+
+
+class Db:
+    """Read-only, short queries against one run's metadata database."""
+
+    def __init__(self, url: str) -> None:
+        from sqlalchemy import create_engine
+
+        self.engine = create_engine(url, poolclass=_null_pool())
+        self._columns: dict[str, list[str]] = {}
+
+    def columns(self, table: str) -> list[str]:
+        if table not in self._columns:
+            from sqlalchemy import inspect
+
+            inspector = inspect(self.engine)
+            names = inspector.get_table_names()
+            self._columns[table] = [c["name"] for c in inspector.get_columns(table)] if table in names else []
+        return self._columns[table]
+
+    def rows(self, table: str, wanted: tuple[str, ...]) -> list[dict[str, Any]]:
+        from sqlalchemy import bindparam, text
+
+        present = [c for c in wanted if c in self.columns(table)]
+        if not present:
+            return []
+        query = text(f"SELECT {', '.join(present)} FROM {table} WHERE dag_id IN :dag_ids").bindparams(
+            bindparam("dag_ids", expanding=True)
+        )
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(query, {"dag_ids": list(report.DAG_IDS)})]
+
+    def serialized_dag_ids(self) -> set[str]:
+        return {str(r["dag_id"]) for r in self.rows("serialized_dag", ("dag_id",))}
+
+    def unpause(self) -> None:
+        from sqlalchemy import bindparam, text
+
+        query = text("UPDATE dag SET is_paused = :false WHERE dag_id IN :dag_ids").bindparams(
+            bindparam("dag_ids", expanding=True)
+        )
+        with self.engine.begin() as conn:
+            conn.execute(query, {"false": False, "dag_ids": list(report.DAG_IDS)})
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _null_pool() -> Any:
+    from sqlalchemy.pool import NullPool
+
+    return NullPool
+
+
+def read_outcomes(db: Db, home: Path) -> dict[str, report.DagOutcome]:
+    ti_cols = ("dag_id", "task_id", "try_number", "state", "working_set", "archived_reason")
+    ti_rows = db.rows("task_instance", ti_cols)
+    history = db.rows("task_instance_history", ("dag_id", "task_id", "try_number", "state"))
+    runs = db.rows("dag_run", ("dag_id", "run_id", "state"))
+    callbacks = report.parse_jsonl(_read(home / CALLBACK_LOG_NAME))
+    emails = report.parse_jsonl(_read(home / EMAIL_LOG_NAME))
+    outcomes: dict[str, report.DagOutcome] = {}
+    for run in runs:
+        dag_id = str(run["dag_id"])
+        outcomes[dag_id] = report.DagOutcome(
+            dag_id=dag_id,
+            run_state=report._state(run["state"]),
+            tries=report.tries_from_rows(ti_rows, history, dag_id),
+            callbacks=report.count_callbacks(callbacks, dag_id),
+            emails=report.count_emails(emails, dag_id),
+        )
+    return outcomes
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+# --- one run --------------------------------------------------------------------------------------
+
+
+def prepare_home(home: Path, dags_dir: Path) -> None:
+    if home.exists():
+        shutil.rmtree(home)
+    (home / "logs").mkdir(parents=True)
+    shutil.copytree(dags_dir, home / "dags", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (home / "email_subject.j2").write_text(SUBJECT_TEMPLATE, encoding="utf-8")
+
+
+def prepare_database(config: DemoConfig, procs: Processes, env: dict[str, str], home: Path) -> None:
+    """A fresh metadata database: a copy of a migrated SQLite template, or ``airflow db reset -y``."""
+    airflow = str(config.airflow_bin)
+    if config.database is None:
+        template = config.home / "template" / "airflow.db"
+        if not template.exists():
+            template.parent.mkdir(parents=True, exist_ok=True)
+            template_env = {**env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": sqlite_url(template)}
+            log = home / "logs" / "db-migrate.log"
+            if procs.run([[airflow, "db", "migrate"]], template_env, log, home, timeout=300) != [0]:
+                template.unlink(missing_ok=True)
+                raise DemoError(f"airflow db migrate failed; see {log}")
+        shutil.copyfile(template, home / "airflow.db")
+        return
+    log = home / "logs" / "db-reset.log"
+    if procs.run([[airflow, "db", "reset", "-y"]], env, log, home, timeout=300) != [0]:
+        raise DemoError(f"airflow db reset failed; see {log}")
+
+
+def start_components(config: DemoConfig, procs: Processes, env: dict[str, str], home: Path, port: int) -> None:
+    airflow = str(config.airflow_bin)
+    logs = home / "logs"
+    procs.start(
+        "api-server",
+        [airflow, "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1"],
+        env,
+        logs / "api-server.out",
+        home,
+    )
+    procs.start("dag-processor", [airflow, "dag-processor"], env, logs / "dag-processor.out", home)
+    procs.start("scheduler", [airflow, "scheduler"], env, logs / "scheduler.out", home)
+
+
+def _check_components(procs: Processes) -> None:
+    for name in ("api-server", "dag-processor"):
+        component = procs.components[name]
+        if component.exit_code() is not None:
+            raise DemoError(f"{name} exited with code {component.exit_code()}; see {component.log_path}")
+
+
+def wait_until_ready(
+    config: DemoConfig, procs: Processes, db: Db, port: int, progress: Progress, deadline: float
+) -> None:
+    api_ready = False
+    while time.monotonic() < deadline:
+        procs.track()
+        _check_components(procs)
+        if procs.components["scheduler"].exit_code() is not None:
+            raise DemoError(f"scheduler exited early; see {procs.components['scheduler'].log_path}")
+        api_ready = api_ready or http_ok(f"http://127.0.0.1:{port}/execution/health")
+        try:
+            parsed = db.serialized_dag_ids()
+        except Exception:  # tables appear while the components start
+            parsed = set()
+        missing = sorted(set(report.DAG_IDS) - parsed)
+        if api_ready and not missing:
+            return
+        waiting = [] if api_ready else ["execution API"]
+        waiting += [f"parse of {dag_id}" for dag_id in missing]
+        progress.update("starting Airflow", "waiting for " + ", ".join(waiting))
+        time.sleep(1.0)
+    raise DemoError("Airflow components did not become ready in time")
+
+
+def trigger(config: DemoConfig, procs: Processes, env: dict[str, str], db: Db, home: Path) -> None:
+    """Unpause (in the database) and trigger (``airflow dags trigger``, concurrently) both Dags."""
+    db.unpause()
+    log = home / "logs" / "trigger.log"
+    argvs = [[str(config.airflow_bin), "dags", "trigger", dag_id] for dag_id in report.DAG_IDS]
+    codes = procs.run(argvs, env, log, home, timeout=120)
+    if any(code != 0 for code in codes):
+        raise DemoError(f"airflow dags trigger failed (exit codes {codes}); see {log}")
+
+
+def run_phase(dags: dict[str, report.DagOutcome]) -> str:
+    tries = [t for d in dags.values() for t in d.tries]
+    if not dags:
+        return "waiting for Dag runs"
+    if not tries or all(t.state in (None, "scheduled", "queued") for t in tries):
+        return "waiting for tasks to start"
+    if any(t.state == "running" and t.try_number == 1 for t in tries):
+        return "task frozen; waiting for heartbeat timeout"
+    if report.all_runs_terminal(dags):
+        return "Dag runs finished; waiting for late callbacks"
+    return "waiting for retries"
+
+
+def watch(
+    config: DemoConfig, procs: Processes, db: Db, home: Path, progress: Progress, result: report.RunResult
+) -> None:
+    scheduler = procs.components["scheduler"]
+    triggered = time.monotonic()
+    crashed_at: float | None = None
+    terminal_at: float | None = None
+    last_change = triggered
+    last_seen: Any = None
+    while True:
+        procs.track()
+        now = time.monotonic()
+        try:
+            dags = read_outcomes(db, home)
+        except Exception as exc:  # SQLite can be locked for a moment
+            progress.update("reading database", type(exc).__name__)
+            time.sleep(1.0)
+            continue
+        result.dags = dags
+        seen = {d: (o.callbacks, o.emails, o.tries, o.run_state) for d, o in dags.items()}
+        if seen != last_seen:
+            last_seen, last_change = seen, now
+        error = report.find_scheduler_crash(scheduler.read_log())
+        if error is not None and crashed_at is None:
+            crashed_at = now
+            result.scheduler.crashed, result.scheduler.error = True, error
+        exit_code = scheduler.exit_code()
+        if exit_code is not None:
+            result.scheduler.alive, result.scheduler.exit_code = False, exit_code
+        if crashed_at is not None:
+            result.scheduler.alive = False
+        if report.all_runs_terminal(dags):
+            terminal_at = terminal_at or now
+            if result.converge_seconds is None:
+                result.converge_seconds = now - triggered
+        reason = should_stop(
+            since_trigger=now - triggered,
+            crashed_for=None if crashed_at is None else now - crashed_at,
+            exited=exit_code is not None,
+            terminal_for=None if terminal_at is None else now - terminal_at,
+            quiet_for=now - last_change,
+            timeout=config.timeout,
+            settle=config.settle,
+        )
+        if reason is not None:
+            result.stop_reason = reason
+            result.converged = terminal_at is not None and not result.scheduler.crashed
+            return
+        phase = "scheduler crashed; collecting callbacks" if crashed_at else run_phase(dags)
+        progress.update(phase, report.progress_line(dags))
+        time.sleep(1.0)
+
+
+def run_once(config: DemoConfig, label: str) -> report.RunResult:
+    fix_enabled = label == "fixed"
+    home = (config.home / label).resolve()
+    progress = Progress(f"{label} {config.airflow_version}")
+    database_url = config.database or sqlite_url(home / "airflow.db")
+    result = report.RunResult(
+        label=label,
+        fix_enabled=fix_enabled,
+        airflow_version=config.airflow_version,
+        database=config.db_label,
+        home=str(home),
+    )
+    started = time.monotonic()
+    prepare_home(home, config.dags_dir)
+    port = free_port()
+    env = airflow_env(
+        dict(os.environ),
+        home=home,
+        database_url=database_url,
+        api_port=port,
+        fix_enabled=fix_enabled,
+        heartbeat_timeout=config.heartbeat_timeout,
+        detection_interval=config.detection_interval,
+        jwt_secret=secrets.token_urlsafe(32),
+    )
+    procs = Processes(marker=f"{label}-{uuid.uuid4()}")
+    db: Db | None = None
+    try:
+        progress.update("preparing database", config.db_label)
+        prepare_database(config, procs, env, home)
+        db = Db(database_url)
+        start_components(config, procs, env, home, port)
+        wait_until_ready(config, procs, db, port, progress, deadline=time.monotonic() + 180)
+        progress.update("triggering Dags", ", ".join(report.DAG_IDS))
+        trigger(config, procs, env, db, home)
+        watch(config, procs, db, home, progress, result)
+    finally:
+        progress.update("stopping Airflow components")
+        procs.stop_all()
+        if db is not None:
+            db.dispose()
+        result.elapsed_seconds = time.monotonic() - started
+    if fix_enabled:
+        result.problems = report.fixed_problems(result)
+    else:
+        result.reproduced = report.stock_reproduced(result)
+    left = procs.leftovers()
+    progress.done(f"{result.stop_reason}" + (f"; WARNING: processes left: {left}" if left else ""))
+    return result
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="airflow-heartbeat-fix demo",
+        description="Reproduce both scheduler bugs with real Airflow components: stock vs fixed.",
+    )
+    parser.add_argument("--home", type=Path, help="demo directory (default ./.demo/<version>-<db>)")
+    parser.add_argument(
+        "--database",
+        help="SQLAlchemy URL of a PostgreSQL database to reset and use (default: SQLite in the home)",
+    )
+    parser.add_argument("--dags", type=Path, help="Dags directory (default: the repository's dags/)")
+    parser.add_argument("--json", type=Path, dest="json_path", help="also write the result as JSON here")
+    parser.add_argument("--runs", default="stock,fixed", help="comma-separated: stock, fixed")
+    parser.add_argument("--heartbeat-timeout", type=int, default=10, help="seconds (default 10)")
+    parser.add_argument("--detection-interval", type=int, default=2, help="seconds (default 2)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per run after trigger")
+    parser.add_argument("--settle", type=float, default=8.0, help="seconds to watch for late callbacks")
+    return parser.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace, cwd: Path) -> DemoConfig:
+    runs = tuple(r.strip() for r in args.runs.split(",") if r.strip())
+    if not runs or any(r not in LABELS for r in runs):
+        raise DemoError(f"--runs takes a comma-separated subset of {', '.join(LABELS)}")
+    if args.database and not args.database.startswith("postgresql"):
+        raise DemoError("--database must be a postgresql URL (SQLite is the default)")
+    version = installed_airflow_version()
+    home = args.home or default_home(cwd, version, args.database)
+    return DemoConfig(
+        home=home.resolve(),
+        database=args.database,
+        dags_dir=find_dags_dir(args.dags).resolve(),
+        airflow_bin=airflow_executable(),
+        airflow_version=version,
+        heartbeat_timeout=args.heartbeat_timeout,
+        detection_interval=args.detection_interval,
+        timeout=args.timeout,
+        settle=args.settle,
+        runs=runs,
+        json_path=args.json_path,
+    )
+
+
+def to_json(config: DemoConfig, results: list[report.RunResult], ok: bool) -> dict[str, Any]:
+    return {
+        "airflow_version": config.airflow_version,
+        "database": config.db_label,
+        "heartbeat_timeout": config.heartbeat_timeout,
+        "ok": ok,
+        "runs": {r.label: dataclasses.asdict(r) for r in results},
+    }
+
+
+def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = build_config(args, Path.cwd())
+    except DemoError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    results: list[report.RunResult] = []
+    try:
+        config.home.mkdir(parents=True, exist_ok=True)
+        for label in config.runs:
+            results.append(run_once(config, label))
+    except DemoError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("demo: interrupted; all Airflow processes stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    ok = all(not r.problems for r in results if r.fix_enabled)
+    sys.stdout.write(report.render_table(results))
+    if config.json_path is not None:
+        config.json_path.write_text(json.dumps(to_json(config, results, ok), indent=2) + "\n", encoding="utf-8")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

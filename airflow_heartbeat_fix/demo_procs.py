@@ -1,0 +1,189 @@
+"""Process glue for the demo: start Airflow components, and stop every process they left behind.
+
+Stopping the components is not enough: LocalExecutor workers, the task supervisors the demo Dags freeze
+with SIGSTOP, and their task processes (which Airflow 3.4 puts in process groups of their own) outlive a
+killed parent. So :class:`Processes` records every descendant of what it started while the run goes on
+(:meth:`Processes.track`), and :meth:`Processes.stop_all` resumes and ends all of them, plus anything
+still carrying the run's marker in its environment (``HEARTBEAT_FIX_DEMO_MARKER``; processes that
+rewrite their title can hide it, hence the tracking).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+MARKER_ENV = "HEARTBEAT_FIX_DEMO_MARKER"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback URL we built
+            return 200 <= int(response.status) < 300
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+def _has_marker(proc: psutil.Process, needle: str) -> bool:
+    try:
+        return proc.environ().get(MARKER_ENV) == needle
+    except (psutil.Error, OSError):
+        return False
+
+
+def marked_processes(marker: str) -> list[psutil.Process]:
+    """Live processes whose environment carries ``marker`` (never this process)."""
+    me = os.getpid()
+    return [p for p in psutil.process_iter() if p.pid != me and _has_marker(p, marker)]
+
+
+@dataclass
+class Component:
+    """One long-running Airflow command, with its combined stdout/stderr in ``log_path``."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes]
+
+    def exit_code(self) -> int | None:
+        return self.popen.poll()
+
+    def read_log(self) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+
+@dataclass
+class Processes:
+    """Starts marked subprocesses and stops all of them, including what they started."""
+
+    marker: str
+    components: dict[str, Component] = field(default_factory=dict)
+    tracked: dict[int, psutil.Process] = field(default_factory=dict)
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        return {**base, MARKER_ENV: self.marker}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> Component:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = log_path.open("ab")
+        popen = subprocess.Popen(
+            argv,
+            env=self.env(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches the demo only; it stops the rest itself
+        )
+        component = Component(name=name, popen=popen, log_path=log_path, log_file=log_file)
+        self.components[name] = component
+        return component
+
+    def run(
+        self, argvs: list[list[str]], env: dict[str, str], log_path: Path, cwd: Path, timeout: float
+    ) -> list[int]:
+        """Run short commands concurrently to completion (output appended to ``log_path``); exit codes."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log_file:
+            popens = [
+                subprocess.Popen(
+                    argv,
+                    env=self.env(env),
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                for argv in argvs
+            ]
+            deadline = time.monotonic() + timeout
+            try:
+                return [p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in popens]
+            finally:
+                for popen in popens:
+                    if popen.poll() is None:
+                        _signal_group(popen.pid, signal.SIGKILL)
+                        popen.wait()
+
+    def track(self) -> None:
+        """Remember every live descendant of the started processes (call it every second or so)."""
+        for component in self.components.values():
+            try:
+                root = psutil.Process(component.popen.pid)
+                found = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for proc in found:
+                self.tracked.setdefault(proc.pid, proc)
+
+    def _alive(self) -> list[psutil.Process]:
+        self.track()
+        procs = {p.pid: p for p in self.tracked.values() if _is_running(p)}
+        for proc in marked_processes(self.marker):
+            procs.setdefault(proc.pid, proc)
+        return list(procs.values())
+
+    def stop_all(self, grace: float = 3.0) -> None:
+        """SIGCONT + SIGTERM everything started or tracked, SIGKILL what is left after ``grace`` seconds."""
+        for proc in self._alive():
+            _send(proc, signal.SIGCONT)
+            _send(proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and self._alive():
+            time.sleep(0.2)
+        for _ in range(20):
+            left = self._alive()
+            if not left:
+                break
+            for proc in left:
+                _send(proc, signal.SIGCONT)
+                _send(proc, signal.SIGKILL)
+            psutil.wait_procs(left, timeout=1.0)
+        for component in self.components.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                component.popen.wait(timeout=2.0)
+            component.log_file.close()
+
+    def leftovers(self) -> list[int]:
+        return sorted(p.pid for p in self._alive())
+
+
+def _is_running(proc: psutil.Process) -> bool:
+    """Still running, and still the process that was recorded (``is_running`` checks the start time)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _send(proc: psutil.Process, sig: signal.Signals) -> None:
+    with contextlib.suppress(psutil.Error, OSError):
+        proc.send_signal(sig)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(pid, sig)

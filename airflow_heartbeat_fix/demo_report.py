@@ -1,0 +1,370 @@
+"""Pure decisions for the demo: database rows and log lines in, results, verdicts and tables out.
+
+Nothing here starts a process or touches a database, so all of it is unit-tested directly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+RETRY_DAG_ID = "retry_after_heartbeat_timeout"
+CALLBACK_DAG_ID = "duplicate_heartbeat_callbacks"
+DAG_IDS = (RETRY_DAG_ID, CALLBACK_DAG_ID)
+
+RETRY_CALLBACK = "on_retry_callback"
+FAILURE_CALLBACK = "on_failure_callback"
+
+TERMINAL_RUN_STATES = frozenset({"success", "failed"})
+
+CRASH_MARKER = "Exception when executing SchedulerJob._run_scheduler_loop"
+_DB_ERROR = re.compile(r"(UniqueViolation|UNIQUE constraint failed|IntegrityError)[^\n]*")
+_EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Violation))(?::[^\n]*)?$", re.MULTILINE)
+
+CRASH = "crash"
+DUPLICATES = "duplicates"
+
+
+@dataclass(frozen=True)
+class TryRow:
+    """One try of a task instance: ``where`` is current, archived (3.4) or history (<= 3.3)."""
+
+    task_id: str
+    try_number: int
+    state: str | None
+    where: str
+    archived_reason: str | None = None
+
+
+@dataclass
+class DagOutcome:
+    dag_id: str
+    run_state: str | None = None
+    tries: list[TryRow] = field(default_factory=list)
+    callbacks: dict[int, dict[str, int]] = field(default_factory=dict)
+    emails: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class SchedulerOutcome:
+    alive: bool = True
+    crashed: bool = False
+    exit_code: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class RunResult:
+    label: str
+    fix_enabled: bool
+    airflow_version: str
+    database: str
+    home: str
+    scheduler: SchedulerOutcome = field(default_factory=SchedulerOutcome)
+    dags: dict[str, DagOutcome] = field(default_factory=dict)
+    converged: bool = False
+    converge_seconds: float | None = None
+    elapsed_seconds: float = 0.0
+    stop_reason: str = ""
+    problems: list[str] = field(default_factory=list)
+    reproduced: bool | None = None
+
+
+# --- versions -------------------------------------------------------------------------------------
+
+
+def version_tuple(version: str) -> tuple[int, int, int]:
+    parts = [int(p) for p in re.findall(r"\d+", version)[:3]]
+    parts += [0] * (3 - len(parts))
+    return parts[0], parts[1], parts[2]
+
+
+def expected_stock_bug(version: str) -> str | None:
+    """Which bug stock Airflow ``version`` shows in this demo: crash (3.4.0b1/b2), duplicates (<= 3.3)."""
+    if re.fullmatch(r"3\.4\.0b[12]", version):
+        return CRASH
+    if version_tuple(version) < (3, 4, 0):
+        return DUPLICATES
+    return None
+
+
+def emails_via_backend(version: str) -> bool:
+    """Airflow 3.3+ sends Dag-processor email requests through ``[email] email_backend``."""
+    return version_tuple(version) >= (3, 3, 0)
+
+
+# --- rows and logs --------------------------------------------------------------------------------
+
+
+def parse_jsonl(text: str) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines text; partial or broken lines are skipped."""
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+    return out
+
+
+def tries_from_rows(
+    ti_rows: Iterable[Mapping[str, Any]], history_rows: Iterable[Mapping[str, Any]], dag_id: str
+) -> list[TryRow]:
+    """
+    Every try of ``dag_id``'s task instances, ordered by task and try number.
+
+    Airflow 3.4 keeps each try in ``task_instance``: the current one has ``working_set`` true, earlier
+    ones are archived with an ``archived_reason``. Airflow <= 3.3 keeps the current try in
+    ``task_instance`` and earlier ones in ``task_instance_history``; there, a task instance waiting for
+    its retry still carries the old try number, so a current row in ``up_for_retry`` whose try is already
+    in the history is shown as the next try.
+    """
+    tries: dict[tuple[str, int], TryRow] = {}
+    for row in history_rows:
+        if row.get("dag_id") != dag_id:
+            continue
+        key = (str(row["task_id"]), int(row["try_number"]))
+        tries[key] = TryRow(key[0], key[1], _state(row.get("state")), "history")
+    for row in ti_rows:
+        if row.get("dag_id") != dag_id:
+            continue
+        task_id, try_number, state = str(row["task_id"]), int(row["try_number"]), _state(row.get("state"))
+        if try_number == 0:  # created, never scheduled: no try yet
+            continue
+        working_set = row.get("working_set", True)
+        if working_set is not None and not working_set:
+            continue
+        if working_set is None:
+            reason = row.get("archived_reason")
+            tries[(task_id, try_number)] = TryRow(task_id, try_number, state, "archived", reason)
+            continue
+        if (task_id, try_number) in tries and tries[(task_id, try_number)].where == "history":
+            if state == "up_for_retry":
+                try_number += 1
+        tries[(task_id, try_number)] = TryRow(task_id, try_number, state, "current")
+    return [tries[key] for key in sorted(tries)]
+
+
+def _state(value: Any) -> str | None:
+    if value is None:
+        return None
+    return str(getattr(value, "value", value))
+
+
+def count_callbacks(lines: Iterable[Mapping[str, Any]], dag_id: str) -> dict[int, dict[str, int]]:
+    """Callback invocations of ``dag_id`` per try number and kind."""
+    counts: dict[int, dict[str, int]] = {}
+    for line in lines:
+        if line.get("dag_id") != dag_id or line.get("try_number") is None:
+            continue
+        per_try = counts.setdefault(int(line["try_number"]), {})
+        kind = str(line.get("kind"))
+        per_try[kind] = per_try.get(kind, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def count_emails(lines: Iterable[Mapping[str, Any]], dag_id: str) -> dict[int, int]:
+    """Emails (from the demo's fake email backend) about ``dag_id`` per try number."""
+    counts: dict[int, int] = {}
+    for line in lines:
+        fields = line.get("fields") or {}
+        if fields.get("dag_id") != dag_id or fields.get("try_number") is None:
+            continue
+        try_number = int(fields["try_number"])
+        counts[try_number] = counts.get(try_number, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def find_scheduler_crash(log_text: str) -> str | None:
+    """The error that ended the scheduler loop, or None when the loop did not crash."""
+    at = log_text.find(CRASH_MARKER)
+    if at < 0:
+        return None
+    tail = log_text[at:]
+    if match := _DB_ERROR.search(tail):
+        return match.group(0).strip()
+    if match := _EXCEPTION_LINE.search(tail):
+        return match.group(0).strip()
+    return CRASH_MARKER
+
+
+def all_runs_terminal(dags: Mapping[str, DagOutcome]) -> bool:
+    return bool(dags) and all(d.run_state in TERMINAL_RUN_STATES for d in dags.values())
+
+
+# --- verdicts -------------------------------------------------------------------------------------
+
+
+def _total(per_try: Mapping[int, Mapping[str, int]], try_number: int) -> int:
+    return sum(per_try.get(try_number, {}).values())
+
+
+def duplicate_tries(outcome: DagOutcome) -> list[int]:
+    """Tries that got more than one callback, or more than one email."""
+    dup = {t for t in outcome.callbacks if _total(outcome.callbacks, t) > 1}
+    dup |= {t for t, n in outcome.emails.items() if n > 1}
+    return sorted(dup)
+
+
+def _try(outcome: DagOutcome, try_number: int) -> TryRow | None:
+    return next((t for t in outcome.tries if t.try_number == try_number), None)
+
+
+def fixed_problems(result: RunResult) -> list[str]:
+    """What the fixed run got wrong; empty when it converged as expected."""
+    problems: list[str] = []
+    if result.scheduler.crashed or not result.scheduler.alive:
+        problems.append(f"scheduler did not survive: {result.scheduler.error or 'exited'}")
+    for dag_id in DAG_IDS:
+        outcome = result.dags.get(dag_id)
+        if outcome is None:
+            problems.append(f"{dag_id}: no Dag run")
+            continue
+        first = _try(outcome, 1)
+        if first is None or first.state != "failed":
+            problems.append(f"{dag_id}: try 1 is {first.state if first else 'missing'}, expected failed")
+        if _try(outcome, 2) is None:
+            problems.append(f"{dag_id}: try 2 was not created")
+    outcome = result.dags.get(CALLBACK_DAG_ID)
+    if outcome is not None:
+        for try_number in duplicate_tries(outcome):
+            problems.append(f"{CALLBACK_DAG_ID}: duplicate callbacks/emails for try {try_number}")
+        if outcome.callbacks.get(1, {}).get(RETRY_CALLBACK, 0) != 1:
+            problems.append(f"{CALLBACK_DAG_ID}: try 1 did not get exactly one {RETRY_CALLBACK}")
+        second = _try(outcome, 2)
+        if second is not None and second.state == "failed" and _total(outcome.callbacks, 2) != 1:
+            problems.append(f"{CALLBACK_DAG_ID}: failed try 2 did not get exactly one callback")
+        if emails_via_backend(result.airflow_version) and outcome.emails.get(1, 0) != 1:
+            problems.append(f"{CALLBACK_DAG_ID}: try 1 did not get exactly one email")
+    if not result.converged:
+        problems.append(f"did not converge: {result.stop_reason}")
+    return problems
+
+
+def stock_reproduced(result: RunResult) -> bool | None:
+    """Whether the stock run shows the bug this Airflow version has (None: no known bug)."""
+    bug = expected_stock_bug(result.airflow_version)
+    if bug == CRASH:
+        return result.scheduler.crashed
+    if bug == DUPLICATES:
+        outcome = result.dags.get(CALLBACK_DAG_ID)
+        return bool(outcome and duplicate_tries(outcome))
+    return None
+
+
+# --- progress and tables --------------------------------------------------------------------------
+
+
+def describe_tries(tries: Iterable[TryRow]) -> str:
+    parts = [f"try {t.try_number} {t.state or 'none'}" for t in tries]
+    return ", ".join(parts) if parts else "no task instance yet"
+
+
+def progress_line(dags: Mapping[str, DagOutcome]) -> str:
+    parts = []
+    for dag_id in DAG_IDS:
+        outcome = dags.get(dag_id)
+        parts.append(f"{dag_id}: {describe_tries(outcome.tries) if outcome else 'no run yet'}")
+    callbacks = dags.get(CALLBACK_DAG_ID)
+    if callbacks is not None:
+        n_cb = sum(_total(callbacks.callbacks, t) for t in callbacks.callbacks)
+        n_mail = sum(callbacks.emails.values())
+        parts.append(f"callbacks {n_cb}, emails {n_mail}")
+    return "; ".join(parts)
+
+
+def _try_cell(row: TryRow | None) -> str:
+    if row is None:
+        return "-"
+    if row.where == "archived":
+        return f"{row.state} (archived: {row.archived_reason})"
+    if row.where == "history":
+        return f"{row.state} (task_instance_history)"
+    return f"{row.state} (current)"
+
+
+def _callbacks_cell(per_kind: Mapping[str, int]) -> str:
+    if not per_kind:
+        return "0"
+    return ", ".join(f"{kind} x{n}" for kind, n in sorted(per_kind.items()))
+
+
+def _scheduler_cell(scheduler: SchedulerOutcome) -> str:
+    if scheduler.crashed:
+        return f"CRASHED: {scheduler.error}"
+    if not scheduler.alive:
+        return f"EXITED (code {scheduler.exit_code})"
+    return "alive"
+
+
+def _verdict_cell(result: RunResult) -> str:
+    if not result.fix_enabled:
+        bug = expected_stock_bug(result.airflow_version)
+        if result.reproduced is None:
+            return "no known bug in this version"
+        return f"bug reproduced ({bug})" if result.reproduced else f"bug NOT reproduced ({bug} expected)"
+    return "OK: converged as expected" if not result.problems else f"FAILED: {len(result.problems)} problem(s)"
+
+
+def result_rows(result: RunResult, try_numbers: Mapping[str, list[int]]) -> list[tuple[str, str]]:
+    """``(label, value)`` rows of one run, for the tries listed per Dag."""
+    rows: list[tuple[str, str]] = [("scheduler", _scheduler_cell(result.scheduler))]
+    for dag_id in DAG_IDS:
+        outcome = result.dags.get(dag_id) or DagOutcome(dag_id)
+        rows.append((dag_id, f"Dag run {outcome.run_state or '-'}"))
+        for try_number in try_numbers.get(dag_id, []):
+            rows.append((f"  try {try_number}", _try_cell(_try(outcome, try_number))))
+            if dag_id == CALLBACK_DAG_ID:
+                rows.append((f"    callbacks", _callbacks_cell(outcome.callbacks.get(try_number, {}))))
+                rows.append((f"    emails", str(outcome.emails.get(try_number, 0))))
+    converge = f"{result.converge_seconds:.0f} s after trigger" if result.converge_seconds is not None else "no"
+    rows.append(("converged", converge))
+    rows.append(("run time", f"{result.elapsed_seconds:.0f} s ({result.stop_reason})"))
+    rows.append(("verdict", _verdict_cell(result)))
+    return rows
+
+
+def _all_try_numbers(results: Iterable[RunResult]) -> dict[str, list[int]]:
+    numbers: dict[str, set[int]] = {dag_id: {1, 2} for dag_id in DAG_IDS}
+    for result in results:
+        for dag_id, outcome in result.dags.items():
+            numbers.setdefault(dag_id, set()).update(t.try_number for t in outcome.tries)
+            numbers[dag_id].update(outcome.callbacks)
+            numbers[dag_id].update(outcome.emails)
+    return {dag_id: sorted(n) for dag_id, n in numbers.items()}
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def render_table(results: list[RunResult], cell_width: int = 48) -> str:
+    """The side-by-side table (one column per run), followed by full error lines and problems."""
+    if not results:
+        return ""
+    try_numbers = _all_try_numbers(results)
+    columns = [result_rows(r, try_numbers) for r in results]
+    labels = [label for label, _ in columns[0]]
+    label_width = max(len(label) for label in labels)
+    head = [
+        f"{r.label} ([heartbeat_fix] enabled={r.fix_enabled})" for r in results
+    ]
+    first = results[0]
+    lines = [f"Airflow {first.airflow_version}, {first.database}", ""]
+    lines.append("  ".join([" " * label_width, *(_clip(h, cell_width).ljust(cell_width) for h in head)]).rstrip())
+    lines.append("  ".join(["-" * label_width, *("-" * cell_width for _ in results)]))
+    for i, label in enumerate(labels):
+        cells = [_clip(col[i][1], cell_width).ljust(cell_width) for col in columns]
+        lines.append("  ".join([label.ljust(label_width), *cells]).rstrip())
+    for r in results:
+        if r.scheduler.error:
+            lines.append(f"\n{r.label} scheduler error: {r.scheduler.error}")
+        for problem in r.problems:
+            lines.append(f"{r.label} problem: {problem}")
+        lines.append(f"{r.label} home: {r.home}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,128 @@
+"""
+Every scheduler path that fails a retryable task instance after sending a callback (seed 003).
+
+On Airflow 3.4.0b1/b2 the stock sink detaches the task instance before ``handle_failure`` archives the
+try, and the insert of the next try raises ``IntegrityError`` on ``task_instance_current_key``. Airflow
+3.2/3.3 do not archive tries, so there these tests show the same paths still end in the right state.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from sqlalchemy import delete, select
+
+from airflow.utils.state import DagRunState, TaskInstanceState
+from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX
+from tests.airflow_fixtures import (
+    TaskSpec,
+    archives_tries,
+    callback_requests,
+    email_requests,
+    make_running,
+    report_event,
+    task_callbacks,
+    tries,
+)
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+ARCHIVES_TRIES = archives_tries()
+
+
+def assert_retried_once(session: Session, ti: Any) -> None:
+    """Try 1 failed for retry and the next try is waiting; on 3.4 that is an archived row plus a new one."""
+    if ARCHIVES_TRIES:
+        assert tries(session, ti) == [
+            (1, TaskInstanceState.FAILED, "retry"),
+            (2, TaskInstanceState.UP_FOR_RETRY, None),
+        ]
+    else:
+        session.expire_all()
+        assert ti.__class__.get_task_instance(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, session=session).state == TaskInstanceState.UP_FOR_RETRY
+
+
+def _running_ti(dag_maker: Any, runner: Any, session: Session, **task: Any) -> Any:
+    dag_run = dag_maker(tasks=[TaskSpec(**task)])
+    (ti,) = dag_run.get_task_instances(session=session)
+    return make_running(ti, runner, session)
+
+
+@pytest.mark.fix(SINK_FIX, when=ARCHIVES_TRIES)
+@pytest.mark.fix(PURGE_FIX)
+def test_heartbeat_timeout_with_retries_does_not_crash_scheduler(dag_maker, scheduler_runner, session):
+    """Any retryable task whose worker stops heartbeating: no callback needs to be configured."""
+    ti = _running_ti(dag_maker, scheduler_runner, session, retries=1)
+
+    scheduler_runner._find_and_purge_task_instances_without_heartbeats()
+
+    assert_retried_once(session, ti)
+    assert len(task_callbacks(session, ti)) == 1
+
+
+@pytest.mark.fix(SINK_FIX, when=ARCHIVES_TRIES)
+def test_executor_event_task_callback_does_not_crash_scheduler(dag_maker, scheduler_runner, session):
+    """A RUNNING task reported FAILED (killed externally) that has on_failure/on_retry callbacks."""
+    ti = _running_ti(dag_maker, scheduler_runner, session, retries=1, callbacks=True)
+    report_event(scheduler_runner.executor, ti, TaskInstanceState.FAILED)
+
+    scheduler_runner._process_executor_events(scheduler_runner.executor, session)
+    session.commit()
+
+    assert_retried_once(session, ti)
+    (request,) = task_callbacks(session, ti)
+    assert request.task_callback_type == TaskInstanceState.UP_FOR_RETRY
+
+
+@pytest.mark.fix(SINK_FIX, when=ARCHIVES_TRIES)
+def test_executor_event_email_request_does_not_crash_scheduler(dag_maker, scheduler_runner, session):
+    """The same path for a task with email alerts and no callbacks."""
+    ti = _running_ti(dag_maker, scheduler_runner, session, retries=1, email=["ops@example.com"])
+    report_event(scheduler_runner.executor, ti, TaskInstanceState.FAILED)
+
+    scheduler_runner._process_executor_events(scheduler_runner.executor, session)
+    session.commit()
+
+    assert_retried_once(session, ti)
+    (request,) = email_requests(session, ti)
+    assert request.email_type == "retry"
+
+
+@pytest.mark.fix(SINK_FIX, when=ARCHIVES_TRIES)
+def test_executor_event_missing_dag_keeps_batch_attached(dag_maker, scheduler_runner, session):
+    """The Dag-lookup-failure branch must not end the session the rest of the batch lives in."""
+    from airflow.models.serialized_dag import SerializedDagModel
+
+    orphan = _running_ti(dag_maker, scheduler_runner, session, task_id="orphan")
+    retryable = _running_ti(dag_maker, scheduler_runner, session, retries=1)
+    session.execute(delete(SerializedDagModel).where(SerializedDagModel.dag_id == orphan.dag_id))
+    session.commit()
+    report_event(scheduler_runner.executor, orphan, TaskInstanceState.FAILED)
+    report_event(scheduler_runner.executor, retryable, TaskInstanceState.FAILED)
+
+    scheduler_runner._process_executor_events(scheduler_runner.executor, session)
+    session.commit()
+
+    assert tries(session, orphan)[-1][1] == TaskInstanceState.FAILED
+    assert_retried_once(session, retryable)
+
+
+def test_dag_callbacks_sent_from_do_scheduling_are_stored(dag_maker, scheduler_runner, session):
+    """``_do_scheduling`` relied on the stock sink's commit: a Dag-level failure callback must survive."""
+    from airflow.callbacks.callback_requests import DagCallbackRequest
+
+    dag_run = dag_maker(dag_callbacks=True)
+    (ti,) = dag_run.get_task_instances(session=session)
+    ti.state = TaskInstanceState.FAILED
+    session.merge(ti)
+    session.commit()
+
+    scheduler_runner._do_scheduling(session)
+    session.commit()
+
+    stored = [request for request in callback_requests(session) if isinstance(request, DagCallbackRequest)]
+    assert [(request.dag_id, request.is_failure_callback) for request in stored] == [(dag_run.dag_id, True)]
+    session.expire_all()
+    assert session.scalar(select(dag_run.__class__.state).where(dag_run.__class__.id == dag_run.id)) == DagRunState.FAILED

@@ -90,7 +90,7 @@ def install() -> dict[str, FixDecision]:
         return decisions()
     try:
         decided = decisions()
-        active = [fix for fix, decision in decided.items() if decision.state is FixState.ACTIVE]
+        active = tuple(fix for fix, decision in decided.items() if decision.state is FixState.ACTIVE)
         state = _Installed()
         if active:
             from airflow.callbacks import database_callback_sink

@@ -8,9 +8,8 @@ from airflow import settings
 from airflow.callbacks.database_callback_sink import DatabaseCallbackSink
 
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-
     from airflow.callbacks.callback_requests import CallbackRequest
+    from sqlalchemy.orm import Session
 
 
 class SessionPreservingCallbackSink(DatabaseCallbackSink):
@@ -25,5 +24,12 @@ class SessionPreservingCallbackSink(DatabaseCallbackSink):
     :class:`~airflow_heartbeat_fix.scheduler.CommitDagCallbacksMixin`).
     """
 
-    def send(self, callback: CallbackRequest, *, session: Session | None = None) -> None:  # type: ignore[override]
-        super().send(callback, session=session if session is not None else settings.Session())
+    def send(self, callback: CallbackRequest, *, session: Session | None = None) -> None:
+        super().send(callback, session=session if session is not None else scoped_session())
+
+
+def scoped_session() -> Session:
+    """The thread's scoped session: the one ``create_session()`` hands the scheduler loop."""
+    if settings.Session is None:
+        raise RuntimeError("Airflow's ORM is not configured (settings.Session is None)")
+    return settings.Session()

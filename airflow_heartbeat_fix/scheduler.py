@@ -9,31 +9,28 @@ bodies is copied. Only the mixins of active fixes are in the MRO, so a fix that 
 from __future__ import annotations
 
 import contextlib
-import logging
+import functools
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
-
-from airflow import settings
 from airflow.callbacks.callback_requests import EmailRequest, TaskCallbackRequest
 from airflow.exceptions import DagNotFound
 from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
 from airflow.models.taskinstance import TaskInstance as TI
 from airflow.utils.sqlalchemy import with_row_locks
 from airflow.utils.state import TaskInstanceState
+from sqlalchemy import select
 
 from airflow_heartbeat_fix import session_binding
+from airflow_heartbeat_fix.callback_sink import scoped_session
 from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from sqlalchemy.orm import Session
-
     from airflow.callbacks.callback_requests import CallbackRequest, DagCallbackRequest
     from airflow.executors.base_executor import BaseExecutor
+    from sqlalchemy.orm import Session
 
-log = logging.getLogger(__name__)
 
 #: States the heartbeat-timeout scan selects; anything else was finished by someone else meanwhile.
 HEARTBEAT_TIMEOUT_STATES = (TaskInstanceState.RUNNING, TaskInstanceState.RESTARTING)
@@ -54,7 +51,7 @@ class CommitDagCallbacksMixin(SchedulerJobRunner):
         if callback:
             # The sink added the request to the thread's scoped session, which is the session of
             # _do_scheduling and of _update_dag_run_state_for_paused_dags (@provide_session).
-            settings.Session().commit()
+            scoped_session().commit()
 
     def _process_executor_events(self, executor: BaseExecutor, session: Session) -> int:
         with session_binding.bound_to(session):
@@ -154,15 +151,9 @@ def _has_email_alerts(task: Any) -> bool:
 
 def _email_request_for(request: TaskCallbackRequest, callback_type: TaskInstanceState) -> EmailRequest:
     """The email request for the same try, built from the callback request the stock purge sent."""
-    return EmailRequest(
-        filepath=request.filepath,
-        bundle_name=request.bundle_name,
-        bundle_version=request.bundle_version,
-        ti=request.ti,
-        msg=request.msg,
-        email_type="retry" if callback_type == TaskInstanceState.UP_FOR_RETRY else "failure",
-        context_from_server=request.context_from_server,
-        **({"version_data": request.version_data} if hasattr(request, "version_data") else {}),
+    shared = request.model_dump(include=set(EmailRequest.model_fields) - {"type", "email_type"})
+    return EmailRequest.model_validate(
+        {**shared, "email_type": "retry" if callback_type == TaskInstanceState.UP_FOR_RETRY else "failure"}
     )
 
 
@@ -198,11 +189,26 @@ MIXINS: dict[str, type[SchedulerJobRunner]] = {
 }
 
 
+class AnnounceFixesMixin(SchedulerJobRunner):
+    """Says once, at scheduler start, which fixes this runner carries."""
+
+    heartbeat_fixes: tuple[str, ...] = ()
+
+    def _execute(self) -> int | None:
+        self.log.info("airflow-heartbeat-fix: scheduler running with %s", ", ".join(self.heartbeat_fixes))
+        return super()._execute()
+
+
+@functools.cache
 def build_runner_class(
-    active_fixes: list[str], base: type[SchedulerJobRunner] = SchedulerJobRunner
+    active_fixes: tuple[str, ...], base: type[SchedulerJobRunner] = SchedulerJobRunner
 ) -> type[SchedulerJobRunner]:
     """The scheduler runner class with the mixins of ``active_fixes`` (purge before sink in the MRO)."""
     mixins = tuple(MIXINS[fix] for fix in (PURGE_FIX, SINK_FIX) if fix in active_fixes)
     if not mixins:
         return base
-    return type("HeartbeatFixSchedulerJobRunner", (*mixins, base), {"__module__": __name__})
+    return type(
+        "HeartbeatFixSchedulerJobRunner",
+        (AnnounceFixesMixin, *mixins, base),
+        {"__module__": __name__, "heartbeat_fixes": active_fixes},
+    )

@@ -152,7 +152,9 @@ def dag_maker(request: pytest.FixtureRequest, session: Session) -> Callable[...,
     return make
 
 
-def make_running(ti: Any, runner: Any, session: Session, *, stale_for: int = 3600, try_number: int = 1) -> Any:
+def make_running(
+    ti: Any, runner: Any, session: Session, *, stale_for: int = 3600, try_number: int = 1
+) -> Any:
     """Put ``ti`` where a hung worker leaves it: RUNNING, queued by ``runner``, heartbeat long gone."""
     from airflow.utils.state import TaskInstanceState
 
@@ -217,7 +219,8 @@ def task_callbacks(session: Session, ti: Any) -> list[Any]:
     return [
         request
         for request in callback_requests(session)
-        if type(request).__name__ == "TaskCallbackRequest" and request.ti.task_id == ti.task_id
+        if type(request).__name__ == "TaskCallbackRequest"
+        and request.ti.task_id == ti.task_id
         and request.ti.dag_id == ti.dag_id
     ]
 

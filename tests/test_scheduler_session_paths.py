@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from airflow.utils.state import DagRunState, TaskInstanceState
 from sqlalchemy import delete, select
 
-from airflow.utils.state import DagRunState, TaskInstanceState
 from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX
 from tests.airflow_fixtures import (
     TaskSpec,
@@ -40,8 +40,7 @@ def assert_retried_once(session: Session, ti: Any) -> None:
             (2, TaskInstanceState.UP_FOR_RETRY, None),
         ]
     else:
-        session.expire_all()
-        assert ti.__class__.get_task_instance(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, session=session).state == TaskInstanceState.UP_FOR_RETRY
+        assert tries(session, ti)[-1][:2] == (1, TaskInstanceState.UP_FOR_RETRY)
 
 
 def _running_ti(dag_maker: Any, runner: Any, session: Session, **task: Any) -> Any:
@@ -124,5 +123,5 @@ def test_dag_callbacks_sent_from_do_scheduling_are_stored(dag_maker, scheduler_r
 
     stored = [request for request in callback_requests(session) if isinstance(request, DagCallbackRequest)]
     assert [(request.dag_id, request.is_failure_callback) for request in stored] == [(dag_run.dag_id, True)]
-    session.expire_all()
-    assert session.scalar(select(dag_run.__class__.state).where(dag_run.__class__.id == dag_run.id)) == DagRunState.FAILED
+    run_state = select(type(dag_run).state).where(type(dag_run).id == dag_run.id)
+    assert session.scalar(run_state) == DagRunState.FAILED

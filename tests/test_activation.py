@@ -1,0 +1,71 @@
+"""Activation: a plain ``airflow scheduler`` runs the fixed classes; the off switch leaves Airflow as is."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_heartbeat_fix import activation
+from airflow_heartbeat_fix.detection import FixState
+
+AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+STATUS = str(Path(sys.executable).with_name("airflow-heartbeat-fix"))
+
+
+def _run(argv: list[str], *, enabled: bool, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "AIRFLOW__HEARTBEAT_FIX__ENABLED": str(enabled)}
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _needed_fixes() -> list[str]:
+    decided = activation.decide(activation.facts(), enabled=True)
+    return [fix for fix, decision in decided.items() if decision.state is FixState.ACTIVE]
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "off-switch"])
+def test_plain_airflow_scheduler_runs_fixed_classes(enabled: bool) -> None:
+    needed = _needed_fixes()
+    result = _run([AIRFLOW, "scheduler", "--num-runs", "1", "--skip-serve-logs"], enabled=enabled)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    ran_fixed = "airflow-heartbeat-fix: scheduler running with " + ", ".join(needed) in output
+    assert ran_fixed is (enabled and bool(needed)), output[-4000:]
+    if not enabled:
+        assert "HeartbeatFixSchedulerJobRunner" not in output
+
+
+def test_status_reports_each_fix() -> None:
+    result = _run([STATUS, "status"], enabled=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for fix, decision in activation.decide(activation.facts(), enabled=True).items():
+        assert f"{fix}: {decision.state.value}" in result.stdout
+        assert decision.reason in result.stdout
+
+
+def test_status_with_off_switch_says_disabled() -> None:
+    result = _run([STATUS, "status"], enabled=False, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "[heartbeat_fix] enabled = False" in result.stdout
+    assert ": active" not in result.stdout
+
+
+def test_install_is_idempotent_and_uninstall_restores() -> None:
+    from airflow.callbacks import database_callback_sink
+    from airflow.cli.commands import scheduler_command
+
+    before = (scheduler_command.SchedulerJobRunner, database_callback_sink.DatabaseCallbackSink)
+    activation.install()
+    assert (scheduler_command.SchedulerJobRunner, database_callback_sink.DatabaseCallbackSink) == before
+    activation.uninstall()
+    try:
+        originals = activation._originals()
+        assert scheduler_command.SchedulerJobRunner is originals["runner"]
+        assert database_callback_sink.DatabaseCallbackSink is originals["sink"]
+    finally:
+        if activation.is_enabled():
+            activation.install()
+    assert (scheduler_command.SchedulerJobRunner, database_callback_sink.DatabaseCallbackSink) == before

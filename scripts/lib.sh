@@ -71,10 +71,12 @@ _venv_stamp_value() {
 # The project goes in editable with the [dev] extra (pytest, psycopg, ruff, mypy): editable means
 # code edits are live, and reinstalling it each run re-registers its entry points (airflow.policy,
 # airflow.plugins, the console script) in case pyproject.toml changed.
+# asyncpg: Airflow < 3.4 turns a postgresql:// URL into a postgresql+asyncpg:// async engine and
+# fails at import without it (a real deployment has it from apache-airflow[postgres]).
 _install_into() {
     local version="$1" venv="$2" how="$3" uv
     local cons="$REPO_ROOT/constraints/airflow-$version.txt"
-    local -a reqs=("apache-airflow==$version" -e "${REPO_ROOT}[dev]")
+    local -a reqs=("apache-airflow==$version" asyncpg -e "${REPO_ROOT}[dev]")
     if [[ "$how" == uv ]]; then
         uv="$(_uv_bin)" || return 1
         "$uv" pip install --quiet --python "$venv/bin/python" -c "$cons" \
@@ -148,7 +150,7 @@ _as_postgres() { runuser -u postgres -- "$@"; }
 # Newest server major version installed (Debian layout: /usr/lib/postgresql/<major>/bin/postgres).
 _pg_server_version() {
     local bin
-    bin="$(ls -d /usr/lib/postgresql/*/bin/postgres 2>/dev/null | sort -V | tail -n1)"
+    bin="$(printf "%s\n" /usr/lib/postgresql/*/bin/postgres | grep -v "\*" | sort -V | tail -n1)"
     [[ -n "$bin" ]] || return 1
     basename "$(dirname "$(dirname "$bin")")"
 }

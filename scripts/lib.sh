@@ -123,7 +123,7 @@ ensure_venv() {
             log "venv airflow-$version up to date (project reinstalled in $((SECONDS - t0))s)"
             exit 0
         fi
-        log "building venv .venvs/airflow-$version (stamp ${have:+mismatch}${have:-missing})"
+        log "building venv .venvs/airflow-$version ($([[ -n "$have" ]] && echo "constraints or python changed" || echo "new"))"
         for how in uv pip; do
             [[ "$HEARTBEAT_FIX_INSTALLER" == auto || "$HEARTBEAT_FIX_INSTALLER" == "$how" ]] || continue
             if _build_venv "$version" "$venv" "$how"; then

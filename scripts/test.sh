@@ -86,8 +86,9 @@ run_test_cell() {
     case "$db" in
         sqlite) url="sqlite:///$dir/airflow.db" ;;   # $dir is absolute, so this is sqlite:////abs/...
         postgres)
-            # one database per cell: hbfix_3_4_0b2_fixed
-            local dbname="hbfix_${version//./_}_${mode}"
+            # One database per cell, tagged with the checkout so two clones can test at once:
+            # hbfix_<6 hex of repo path>_3_4_0b2_fixed
+            local dbname="hbfix_${CHECKOUT_TAG}_${version//./_}_${mode}"
             if ! create_pg_db "$dbname" 2>"$dir/createdb.err"; then
                 cp "$dir/createdb.err" "$RESULTS/$cell.log"
                 _finish_cell "$dir" 1 "$t0" "could not create database"; return
@@ -231,6 +232,11 @@ show_failures() {
 main() {
     parse_args "$@"
     local t0=$SECONDS v d m
+    CHECKOUT_TAG="$(printf '%s' "$REPO_ROOT" | sha256sum | cut -c1-6)"
+    # One run per checkout at a time: runs share test-results/ and the cell databases.
+    mkdir -p "$VENVS_DIR"
+    exec 8>"$VENVS_DIR/.test-run.lock"
+    flock -n 8 || { log "another scripts/test.sh is running in this checkout; waiting for it"; flock 8; }
     rm -rf "$RESULTS"
     mkdir -p "$RESULTS/cells"
 

@@ -107,7 +107,7 @@ run_test_cell() {
         timeout --kill-after=30 "$CELL_TIMEOUT" \
         "$VENVS_DIR/airflow-$version/bin/python" -m pytest tests -q -p no:randomly \
         --junitxml="$RESULTS/$cell.xml" "${PYTEST_EXTRA[@]}" \
-        </dev/null >"$RESULTS/$cell.log" 2>&1
+        </dev/null >"$RESULTS/$cell.log" 2>&1 8>&-
     rc=$?
     set -e
     case "$rc" in
@@ -127,7 +127,7 @@ run_lint_cell() {
         "$bin/ruff" check . || { rc=1; note="ruff"; }
         echo "\$ mypy"
         "$bin/mypy" || { rc=1; note="${note:+$note, }mypy"; }
-    } </dev/null >"$RESULTS/lint.log" 2>&1
+    } </dev/null >"$RESULTS/lint.log" 2>&1 8>&-
     _finish_cell "$dir" "$rc" "$t0" "${note:+$note failed}"
 }
 
@@ -235,6 +235,7 @@ main() {
     CHECKOUT_TAG="$(printf '%s' "$REPO_ROOT" | sha256sum | cut -c1-6)"
     # One run per checkout at a time: runs share test-results/ and the cell databases.
     mkdir -p "$VENVS_DIR"
+    # (cells close fd 8, so a stray leftover process from a cell cannot hold the lock)
     exec 8>"$VENVS_DIR/.test-run.lock"
     flock -n 8 || { log "another scripts/test.sh is running in this checkout; waiting for it"; flock 8; }
     rm -rf "$RESULTS"

@@ -159,8 +159,8 @@ def purge_converges(runner_cls: type) -> bool | None:
     Upstream's converged purge calls ``handle_failure`` and its scan uses ``with_row_locks``; the
     unconverged one only sends a ``TaskCallbackRequest`` (``send_callback``).
     """
-    purge = _names_used(runner_cls.__dict__.get("_purge_task_instances_without_heartbeats"))
-    find = _names_used(runner_cls.__dict__.get("_find_task_instances_without_heartbeats"))
+    purge = _names_used(getattr(runner_cls, "_purge_task_instances_without_heartbeats", None))
+    find = _names_used(getattr(runner_cls, "_find_task_instances_without_heartbeats", None))
     if purge is None or find is None or "send_callback" not in purge:
         return None
     if "handle_failure" in purge:

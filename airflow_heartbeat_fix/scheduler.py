@@ -12,6 +12,7 @@ import contextlib
 import functools
 from typing import TYPE_CHECKING, Any
 
+from airflow._shared.observability.metrics.stats import Stats
 from airflow.callbacks.callback_requests import EmailRequest, TaskCallbackRequest
 from airflow.exceptions import DagNotFound
 from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
@@ -90,23 +91,31 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
     def _purge_task_instances_without_heartbeats(
         self, task_instances_without_heartbeats: list[TI], *, session: Session
     ) -> None:
-        for ti in self._still_running(task_instances_without_heartbeats, session=session):
+        live = self._still_running(task_instances_without_heartbeats, session=session)
+        if not live:
+            return
+        callback_types = {}
+        for ti in live:
             ti.task = self._load_task(ti, session=session)
-            callback_type = (
+            # Decided with the task loaded (retries, not the no-task guess) and before the state changes.
+            callback_types[ti.id] = (
                 TaskInstanceState.UP_FOR_RETRY if ti.is_eligible_to_retry() else TaskInstanceState.FAILED
             )
-            with _typed_task_callbacks(self.executor, callback_type) as sent:
-                super()._purge_task_instances_without_heartbeats([ti], session=session)
-            if not sent and ti.state != TaskInstanceState.RESTARTING:
-                # The stock purge skipped this one (no Dag version to build a callback from);
-                # upstream's converged purge leaves it alone too.
+        with _typed_task_callbacks(self.executor, callback_types) as sent:
+            super()._purge_task_instances_without_heartbeats(live, session=session)
+        for ti in live:
+            request = sent.get(ti.id)
+            if request is None and ti.state != TaskInstanceState.RESTARTING:
+                # The stock purge skipped it (no Dag version to build a callback from); so does upstream.
                 continue
             # Once the task instance leaves RUNNING, the executor-event path no longer sends the email.
-            if _has_email_alerts(ti.task):
-                for request in sent:
-                    self.executor.send_callback(_email_request_for(request, callback_type))
+            if request is not None and _has_email_alerts(ti.task):
+                self.executor.send_callback(_email_request_for(request, callback_types[ti.id]))
             msg = str(self._generate_task_instance_heartbeat_timeout_message_details(ti))
             ti.handle_failure(error=msg, session=session)
+            Stats.incr(
+                "heartbeat_fix.heartbeat_timeout.converged", tags={"dag_id": ti.dag_id, "task_id": ti.task_id}
+            )
 
     def _still_running(self, tis: list[TI], *, session: Session) -> list[TI]:
         """Re-read the batch's committed state in one query; a worker may have finished one meanwhile."""
@@ -125,6 +134,7 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
                     ti,
                     current.state if current is not None else "deleted",
                 )
+                Stats.incr("heartbeat_fix.heartbeat_timeout.skipped_finished", tags={"dag_id": ti.dag_id})
                 continue
             still_running.append(current)
         return still_running
@@ -159,21 +169,22 @@ def _email_request_for(request: TaskCallbackRequest, callback_type: TaskInstance
 
 @contextlib.contextmanager
 def _typed_task_callbacks(
-    executor: BaseExecutor, callback_type: TaskInstanceState
-) -> Iterator[list[TaskCallbackRequest]]:
+    executor: BaseExecutor, callback_types: dict[Any, TaskInstanceState]
+) -> Iterator[dict[Any, TaskCallbackRequest]]:
     """
-    While the stock purge runs, stamp its task callbacks with ``callback_type`` and collect them.
+    While the stock purge runs, stamp each task callback with its decided type and collect it by TI id.
 
     3.2 sends heartbeat-timeout callbacks untyped (so a retryable task gets ``on_failure_callback``) and
-    3.3 types them without the task loaded; the type is decided here, before the state changes.
+    3.3 types them without the task loaded. The stock purge calls ``self.executor.send_callback``; the
+    interception is an instance attribute on that executor, removed when the block ends.
     """
-    sent: list[TaskCallbackRequest] = []
+    sent: dict[Any, TaskCallbackRequest] = {}
     send_callback: Callable[[CallbackRequest], None] = executor.send_callback
 
     def typed_send_callback(request: CallbackRequest) -> None:
-        if isinstance(request, TaskCallbackRequest):
-            request.task_callback_type = callback_type
-            sent.append(request)
+        if isinstance(request, TaskCallbackRequest) and request.ti.id in callback_types:
+            request.task_callback_type = callback_types[request.ti.id]
+            sent[request.ti.id] = request
         send_callback(request)
 
     executor.send_callback = typed_send_callback  # type: ignore[method-assign]

@@ -26,12 +26,15 @@ import uuid
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from airflow_heartbeat_fix import demo_dags
 from airflow_heartbeat_fix import demo_report as report
 from airflow_heartbeat_fix.demo_email import EMAIL_LOG_NAME, SUBJECT_TEMPLATE
 from airflow_heartbeat_fix.demo_procs import Processes, free_port, http_ok
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 CALLBACK_LOG_NAME = "callback_log.jsonl"
 SQLITE = "sqlite"
@@ -42,7 +45,8 @@ LABELS = ("stock", "fixed")
 class DemoConfig:
     home: Path
     database: str | None
-    dags_dir: Path
+    dags_origin: str
+    dag_sources: dict[str, str]
     airflow_bin: Path
     airflow_version: str
     heartbeat_timeout: int
@@ -97,6 +101,8 @@ def airflow_env(
             "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            # Frozen tries keep their LocalExecutor worker busy for good: 4 tries in all, so 8 is plenty.
+            "AIRFLOW__CORE__PARALLELISM": "8",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
@@ -115,6 +121,7 @@ def airflow_env(
             "AIRFLOW__EMAIL__SUBJECT_TEMPLATE": str(home / "email_subject.j2"),
             "AIRFLOW__HEARTBEAT_FIX__ENABLED": str(fix_enabled),
             "PYTHONUNBUFFERED": "1",
+            "TMPDIR": str(home / "tmp"),  # whatever the components write to a temp dir stays in the home
         }
     )
     return env
@@ -145,14 +152,21 @@ def should_stop(
 # --- locating things ------------------------------------------------------------------------------
 
 
-def find_dags_dir(explicit: Path | None) -> Path:
-    """``--dags``, else the repository's ``dags/`` next to this package, else the packaged copy."""
+def find_dag_sources(explicit: Path | None) -> tuple[str, dict[str, str]]:
+    """
+    Where the demo Dags come from, and their sources: ``--dags``, else the repository's ``dags/`` next to
+    this package (a checkout or editable install), else the copy shipped in :mod:`.demo_dags`.
+    """
     if explicit is not None:
-        return explicit
+        sources = demo_dags.read_sources(explicit)
+        missing = sorted(f"{d}.py" for d in report.DAG_IDS if f"{d}.py" not in sources)
+        if missing:
+            raise DemoError(f"--dags {explicit} lacks {', '.join(missing)}")
+        return str(explicit), sources
     repo_dags = Path(__file__).resolve().parent.parent / "dags"
-    if (repo_dags / "duplicate_heartbeat_callbacks.py").is_file():
-        return repo_dags
-    raise DemoError("no dags/ directory next to the package; pass --dags PATH")
+    if all((repo_dags / f"{d}.py").is_file() for d in report.DAG_IDS):
+        return str(repo_dags), demo_dags.read_sources(repo_dags)
+    return "the copy shipped in airflow_heartbeat_fix.demo_dags", dict(demo_dags.SOURCES)
 
 
 def airflow_executable() -> Path:
@@ -289,19 +303,45 @@ def _read(path: Path) -> str:
 # --- one run --------------------------------------------------------------------------------------
 
 
-def prepare_home(home: Path, dags_dir: Path) -> None:
+def prepare_home(home: Path, dag_sources: dict[str, str]) -> None:
     if home.exists():
         shutil.rmtree(home)
-    (home / "logs").mkdir(parents=True)
-    shutil.copytree(dags_dir, home / "dags", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for sub in ("logs", "tmp", "dags"):
+        (home / sub).mkdir(parents=True)
+    for name, text in dag_sources.items():
+        (home / "dags" / name).write_text(text, encoding="utf-8")
     (home / "email_subject.j2").write_text(SUBJECT_TEMPLATE, encoding="utf-8")
+
+
+def ensure_database_exists(url: str) -> None:
+    """Create the PostgreSQL database of ``url`` (through the ``postgres`` database) if it is missing."""
+    from sqlalchemy import create_engine, make_url, text
+    from sqlalchemy.exc import OperationalError
+
+    engine = create_engine(url, poolclass=_null_pool())
+    try:
+        with engine.connect():
+            return
+    except OperationalError as exc:
+        if "does not exist" not in str(exc):
+            raise DemoError(f"cannot connect to {make_url(url).render_as_string()}: {exc}") from exc
+    finally:
+        engine.dispose()
+    target = make_url(url)
+    maintenance = target.set(database="postgres")
+    admin = create_engine(maintenance, isolation_level="AUTOCOMMIT", poolclass=_null_pool())
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{target.database}"'))
+    finally:
+        admin.dispose()
 
 
 def prepare_database(config: DemoConfig, procs: Processes, env: dict[str, str], home: Path) -> None:
     """A fresh metadata database: a copy of a migrated SQLite template, or ``airflow db reset -y``."""
     airflow = str(config.airflow_bin)
     if config.database is None:
-        template = config.home / "template" / "airflow.db"
+        template = config.home / "template" / f"airflow-{config.airflow_version}.db"
         if not template.exists():
             template.parent.mkdir(parents=True, exist_ok=True)
             template_env = {**env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": sqlite_url(template)}
@@ -311,12 +351,15 @@ def prepare_database(config: DemoConfig, procs: Processes, env: dict[str, str], 
                 raise DemoError(f"airflow db migrate failed; see {log}")
         shutil.copyfile(template, home / "airflow.db")
         return
+    ensure_database_exists(config.database)
     log = home / "logs" / "db-reset.log"
     if procs.run([[airflow, "db", "reset", "-y"]], env, log, home, timeout=300) != [0]:
         raise DemoError(f"airflow db reset failed; see {log}")
 
 
-def start_components(config: DemoConfig, procs: Processes, env: dict[str, str], home: Path, port: int) -> None:
+def start_components(
+    config: DemoConfig, procs: Processes, env: dict[str, str], home: Path, port: int
+) -> None:
     airflow = str(config.airflow_bin)
     logs = home / "logs"
     procs.start(
@@ -450,7 +493,7 @@ def run_once(config: DemoConfig, label: str) -> report.RunResult:
         home=str(home),
     )
     started = time.monotonic()
-    prepare_home(home, config.dags_dir)
+    prepare_home(home, config.dag_sources)
     port = free_port()
     env = airflow_env(
         dict(os.environ),
@@ -475,7 +518,12 @@ def run_once(config: DemoConfig, label: str) -> report.RunResult:
         watch(config, procs, db, home, progress, result)
     finally:
         progress.update("stopping Airflow components")
-        procs.stop_all()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip this
+        try:
+            procs.stop_all()
+            result.leftover_pids = procs.leftovers()
+        finally:
+            signal.signal(signal.SIGINT, previous)
         if db is not None:
             db.dispose()
         result.elapsed_seconds = time.monotonic() - started
@@ -483,7 +531,7 @@ def run_once(config: DemoConfig, label: str) -> report.RunResult:
         result.problems = report.fixed_problems(result)
     else:
         result.reproduced = report.stock_reproduced(result)
-    left = procs.leftovers()
+    left = result.leftover_pids
     progress.done(f"{result.stop_reason}" + (f"; WARNING: processes left: {left}" if left else ""))
     return result
 
@@ -501,7 +549,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--database",
         help="SQLAlchemy URL of a PostgreSQL database to reset and use (default: SQLite in the home)",
     )
-    parser.add_argument("--dags", type=Path, help="Dags directory (default: the repository's dags/)")
+    parser.add_argument(
+        "--dags", type=Path, help="Dags directory (default: the repository's dags/, else the packaged copy)"
+    )
     parser.add_argument("--json", type=Path, dest="json_path", help="also write the result as JSON here")
     parser.add_argument("--runs", default="stock,fixed", help="comma-separated: stock, fixed")
     parser.add_argument("--heartbeat-timeout", type=int, default=10, help="seconds (default 10)")
@@ -519,10 +569,12 @@ def build_config(args: argparse.Namespace, cwd: Path) -> DemoConfig:
         raise DemoError("--database must be a postgresql URL (SQLite is the default)")
     version = installed_airflow_version()
     home = args.home or default_home(cwd, version, args.database)
+    dags_origin, dag_sources = find_dag_sources(args.dags)
     return DemoConfig(
         home=home.resolve(),
         database=args.database,
-        dags_dir=find_dags_dir(args.dags).resolve(),
+        dags_origin=dags_origin,
+        dag_sources=dag_sources,
         airflow_bin=airflow_executable(),
         airflow_version=version,
         heartbeat_timeout=args.heartbeat_timeout,
@@ -555,7 +607,10 @@ def main(argv: list[str] | None = None) -> int:
     except DemoError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
-    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    # Ctrl-C, kill and a closed terminal all end the demo the same way: through run_once's cleanup.
+    # (SIGINT explicitly too: a shell starts background jobs with SIGINT ignored.)
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, _raise_keyboard_interrupt) for sig in stop_signals}
     results: list[report.RunResult] = []
     try:
         config.home.mkdir(parents=True, exist_ok=True)
@@ -568,11 +623,14 @@ def main(argv: list[str] | None = None) -> int:
         print("demo: interrupted; all Airflow processes stopped", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     ok = all(not r.problems for r in results if r.fix_enabled)
     sys.stdout.write(report.render_table(results))
     if config.json_path is not None:
-        config.json_path.write_text(json.dumps(to_json(config, results, ok), indent=2) + "\n", encoding="utf-8")
+        config.json_path.write_text(
+            json.dumps(to_json(config, results, ok), indent=2) + "\n", encoding="utf-8"
+        )
     return 0 if ok else 1
 
 

@@ -19,10 +19,12 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import psutil
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 MARKER_ENV = "HEARTBEAT_FIX_DEMO_MARKER"
 
@@ -36,7 +38,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback URL we built
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             return 200 <= int(response.status) < 300
     except (OSError, urllib.error.URLError, ValueError):
         return False
@@ -104,7 +106,10 @@ class Processes:
     def run(
         self, argvs: list[list[str]], env: dict[str, str], log_path: Path, cwd: Path, timeout: float
     ) -> list[int]:
-        """Run short commands concurrently to completion (output appended to ``log_path``); exit codes."""
+        """Run short commands concurrently (output appended to ``log_path``); their exit codes.
+
+        A command still running after ``timeout`` seconds is killed and reports ``-SIGKILL``.
+        """
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as log_file:
             popens = [
@@ -121,12 +126,15 @@ class Processes:
             ]
             deadline = time.monotonic() + timeout
             try:
-                return [p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in popens]
+                for popen in popens:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        popen.wait(timeout=max(0.1, deadline - time.monotonic()))
             finally:
                 for popen in popens:
-                    if popen.poll() is None:
+                    if popen.poll() is None:  # timed out (or interrupted): -SIGKILL
                         _signal_group(popen.pid, signal.SIGKILL)
                         popen.wait()
+            return [int(popen.returncode) for popen in popens]
 
     def track(self) -> None:
         """Remember every live descendant of the started processes (call it every second or so)."""

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
 
 RETRY_DAG_ID = "retry_after_heartbeat_timeout"
 CALLBACK_DAG_ID = "duplicate_heartbeat_callbacks"
@@ -71,6 +73,7 @@ class RunResult:
     stop_reason: str = ""
     problems: list[str] = field(default_factory=list)
     reproduced: bool | None = None
+    leftover_pids: list[int] = field(default_factory=list)
 
 
 # --- versions -------------------------------------------------------------------------------------
@@ -143,9 +146,9 @@ def tries_from_rows(
             reason = row.get("archived_reason")
             tries[(task_id, try_number)] = TryRow(task_id, try_number, state, "archived", reason)
             continue
-        if (task_id, try_number) in tries and tries[(task_id, try_number)].where == "history":
-            if state == "up_for_retry":
-                try_number += 1
+        archived = tries.get((task_id, try_number))
+        if archived is not None and archived.where == "history" and state == "up_for_retry":
+            try_number += 1
         tries[(task_id, try_number)] = TryRow(task_id, try_number, state, "current")
     return [tries[key] for key in sorted(tries)]
 
@@ -243,6 +246,8 @@ def fixed_problems(result: RunResult) -> list[str]:
             problems.append(f"{CALLBACK_DAG_ID}: try 1 did not get exactly one email")
     if not result.converged:
         problems.append(f"did not converge: {result.stop_reason}")
+    if result.leftover_pids:
+        problems.append(f"processes left running: {result.leftover_pids}")
     return problems
 
 
@@ -308,7 +313,9 @@ def _verdict_cell(result: RunResult) -> str:
         if result.reproduced is None:
             return "no known bug in this version"
         return f"bug reproduced ({bug})" if result.reproduced else f"bug NOT reproduced ({bug} expected)"
-    return "OK: converged as expected" if not result.problems else f"FAILED: {len(result.problems)} problem(s)"
+    return (
+        "OK: converged as expected" if not result.problems else f"FAILED: {len(result.problems)} problem(s)"
+    )
 
 
 def result_rows(result: RunResult, try_numbers: Mapping[str, list[int]]) -> list[tuple[str, str]]:
@@ -320,9 +327,11 @@ def result_rows(result: RunResult, try_numbers: Mapping[str, list[int]]) -> list
         for try_number in try_numbers.get(dag_id, []):
             rows.append((f"  try {try_number}", _try_cell(_try(outcome, try_number))))
             if dag_id == CALLBACK_DAG_ID:
-                rows.append((f"    callbacks", _callbacks_cell(outcome.callbacks.get(try_number, {}))))
-                rows.append((f"    emails", str(outcome.emails.get(try_number, 0))))
-    converge = f"{result.converge_seconds:.0f} s after trigger" if result.converge_seconds is not None else "no"
+                rows.append(("    callbacks", _callbacks_cell(outcome.callbacks.get(try_number, {}))))
+                rows.append(("    emails", str(outcome.emails.get(try_number, 0))))
+    converge = (
+        f"{result.converge_seconds:.0f} s after trigger" if result.converge_seconds is not None else "no"
+    )
     rows.append(("converged", converge))
     rows.append(("run time", f"{result.elapsed_seconds:.0f} s ({result.stop_reason})"))
     rows.append(("verdict", _verdict_cell(result)))
@@ -351,12 +360,12 @@ def render_table(results: list[RunResult], cell_width: int = 48) -> str:
     columns = [result_rows(r, try_numbers) for r in results]
     labels = [label for label, _ in columns[0]]
     label_width = max(len(label) for label in labels)
-    head = [
-        f"{r.label} ([heartbeat_fix] enabled={r.fix_enabled})" for r in results
-    ]
+    head = [f"{r.label} ([heartbeat_fix] enabled={r.fix_enabled})" for r in results]
     first = results[0]
     lines = [f"Airflow {first.airflow_version}, {first.database}", ""]
-    lines.append("  ".join([" " * label_width, *(_clip(h, cell_width).ljust(cell_width) for h in head)]).rstrip())
+    lines.append(
+        "  ".join([" " * label_width, *(_clip(h, cell_width).ljust(cell_width) for h in head)]).rstrip()
+    )
     lines.append("  ".join(["-" * label_width, *("-" * cell_width for _ in results)]))
     for i, label in enumerate(labels):
         cells = [_clip(col[i][1], cell_width).ljust(cell_width) for col in columns]

@@ -1,0 +1,129 @@
+"""
+The full demo on the installed Airflow (SQLite): real ``airflow scheduler``, ``dag-processor`` and
+``api-server``, stock then fixed. About two and a half minutes; run it with ``pytest tests/e2e``.
+
+Stock must really show this version's bug (the crash on 3.4.0b1/b2, duplicate callbacks on <= 3.3);
+fixed must converge: scheduler alive, try 1 failed, try 2 created, one callback per try.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from airflow_heartbeat_fix.demo import installed_airflow_version
+from airflow_heartbeat_fix.demo_report import CALLBACK_DAG_ID, CRASH, DAG_IDS, DUPLICATES, expected_stock_bug
+
+DEMO_TIMEOUT = 600
+
+
+def _demo_command() -> list[str]:
+    script = Path(sys.executable).parent / "airflow-heartbeat-fix"
+    if script.exists():
+        return [str(script), "demo"]
+    return [sys.executable, "-m", "airflow_heartbeat_fix.cli", "demo"]
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("demo")
+    home, cwd = base / "home", base / "cwd"
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    started = time.monotonic()
+    proc = subprocess.run(
+        [*_demo_command(), "--home", str(home), "--json", str(base / "result.json")],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DEMO_TIMEOUT,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    sys.stderr.write(f"demo took {elapsed:.0f} s, exit code {proc.returncode}\n{proc.stdout}")
+    result = json.loads((base / "result.json").read_text()) if (base / "result.json").exists() else {}
+    return {
+        "proc": proc,
+        "elapsed": elapsed,
+        "result": result,
+        "home": home,
+        "cwd": cwd,
+        "output": f"{proc.stdout}\n--- stderr (tail) ---\n{proc.stderr[-4000:]}",
+    }
+
+
+def _tries(run: dict[str, Any], dag_id: str) -> dict[int, dict[str, Any]]:
+    return {t["try_number"]: t for t in run["dags"][dag_id]["tries"]}
+
+
+def _callbacks(run: dict[str, Any]) -> dict[int, dict[str, int]]:
+    return {int(k): v for k, v in run["dags"][CALLBACK_DAG_ID]["callbacks"].items()}
+
+
+def test_demo_exits_zero_and_writes_both_runs(demo_run: dict[str, Any]) -> None:
+    assert demo_run["proc"].returncode == 0, demo_run["output"]
+    result = demo_run["result"]
+    assert result["ok"] is True
+    assert set(result["runs"]) == {"stock", "fixed"}
+    assert result["airflow_version"] == installed_airflow_version()
+    assert "stock ([heartbeat_fix] enabled=False)" in demo_run["proc"].stdout
+    assert demo_run["elapsed"] < 420, f"demo took {demo_run['elapsed']:.0f} s"
+
+
+def test_fixed_column_converges(demo_run: dict[str, Any]) -> None:
+    fixed = demo_run["result"]["runs"]["fixed"]
+    assert fixed["problems"] == [], demo_run["output"]
+    assert fixed["scheduler"]["alive"] is True
+    assert fixed["scheduler"]["crashed"] is False
+    assert fixed["converged"] is True
+    for dag_id in DAG_IDS:
+        tries = _tries(fixed, dag_id)
+        assert tries[1]["state"] == "failed", dag_id
+        assert 2 in tries, f"{dag_id}: try 2 was not created"
+    callbacks = _callbacks(fixed)
+    assert callbacks[1] == {"on_retry_callback": 1}
+    assert callbacks.get(2, {}) in ({}, {"on_failure_callback": 1})
+    assert all(n <= 1 for n in fixed["dags"][CALLBACK_DAG_ID]["emails"].values())
+
+
+def test_stock_column_reproduces_the_bug(demo_run: dict[str, Any]) -> None:
+    stock = demo_run["result"]["runs"]["stock"]
+    bug = expected_stock_bug(installed_airflow_version())
+    if bug == CRASH:
+        assert stock["scheduler"]["crashed"] is True, demo_run["output"]
+        assert re.search(r"UniqueViolation|UNIQUE constraint failed", stock["scheduler"]["error"] or "")
+        assert "bug reproduced (crash)" in demo_run["proc"].stdout
+    elif bug == DUPLICATES:
+        callbacks = _callbacks(stock)
+        assert any(sum(kinds.values()) > 1 for kinds in callbacks.values()), demo_run["output"]
+        assert "bug reproduced (duplicates)" in demo_run["proc"].stdout
+    else:
+        assert stock["reproduced"] is None
+    assert stock["reproduced"] is (None if bug is None else True)
+
+
+def test_nothing_left_behind(demo_run: dict[str, Any]) -> None:
+    for run in demo_run["result"]["runs"].values():
+        assert run["leftover_pids"] == []
+    home = str(demo_run["home"])
+    stray = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.cwd().startswith(home):
+                stray.append((proc.pid, proc.cmdline()))
+        except psutil.Error:
+            continue
+    assert stray == []
+    assert list(demo_run["cwd"].iterdir()) == []
+    shutil.rmtree(demo_run["home"], ignore_errors=True)

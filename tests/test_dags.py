@@ -1,0 +1,105 @@
+"""The reproduction Dags in ``dags/``: they import cleanly, say what they reproduce, and record callbacks."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from airflow_heartbeat_fix import demo_dags, demo_report
+
+if TYPE_CHECKING:
+    from airflow.dag_processing.dagbag import DagBag
+
+DAGS_DIR = Path(__file__).resolve().parent.parent / "dags"
+RETRY_DAG = demo_report.RETRY_DAG_ID
+CALLBACK_DAG = demo_report.CALLBACK_DAG_ID
+
+
+@pytest.fixture(scope="module")
+def dagbag() -> DagBag:
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=DAGS_DIR)
+
+
+def test_dags_import_without_errors(dagbag: DagBag) -> None:
+    assert dagbag.import_errors == {}
+    assert set(dagbag.dag_ids) == {RETRY_DAG, CALLBACK_DAG}
+
+
+@pytest.mark.parametrize("dag_id", [RETRY_DAG, CALLBACK_DAG])
+def test_dags_are_tagged_and_stall_with_one_retry(dagbag: DagBag, dag_id: str) -> None:
+    dag = dagbag.get_dag(dag_id)
+    assert dag is not None
+    assert "repro" in dag.tags
+    assert dag.task_ids == ["stall"]
+    task = dag.get_task("stall")
+    assert task.retries == 1
+    assert task.retry_delay.total_seconds() <= 5
+
+
+def test_retry_dag_needs_no_callbacks(dagbag: DagBag) -> None:
+    task = dagbag.get_dag(RETRY_DAG).get_task("stall")
+    assert not task.on_failure_callback
+    assert not task.on_retry_callback
+
+
+def test_callback_dag_has_callbacks_and_email_alerts(dagbag: DagBag) -> None:
+    task = dagbag.get_dag(CALLBACK_DAG).get_task("stall")
+    assert len(task.on_failure_callback) == 1
+    assert len(task.on_retry_callback) == 1
+    assert task.email == ["alerts@example.com"]
+    assert task.email_on_failure is True
+    assert task.email_on_retry is True
+
+
+@pytest.mark.parametrize(
+    ("filename", "words"),
+    [
+        ("retry_after_heartbeat_timeout.py", ["UniqueViolation", "task_instance_current_key", "SIGSTOP"]),
+        ("duplicate_heartbeat_callbacks.py", ["on_retry_callback", "on_failure_callback", "SIGSTOP"]),
+    ],
+)
+def test_docstring_says_what_it_reproduces(filename: str, words: list[str]) -> None:
+    doc = ast.get_docstring(ast.parse((DAGS_DIR / filename).read_text(encoding="utf-8")))
+    assert doc is not None
+    assert doc.startswith("Reproduce")
+    for word in words:
+        assert word in doc
+
+
+def test_callbacks_append_one_json_line_each(
+    dagbag: DagBag, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    task = dagbag.get_dag(CALLBACK_DAG).get_task("stall")
+    ti = SimpleNamespace(dag_id=CALLBACK_DAG, task_id="stall", run_id="manual__1", try_number=1)
+    context: dict[str, Any] = {"ti": ti}
+    task.on_retry_callback[0](context)
+    ti.try_number = 2
+    task.on_failure_callback[0](context)
+
+    lines = [json.loads(line) for line in (tmp_path / "callback_log.jsonl").read_text().splitlines()]
+    assert [(line["try_number"], line["kind"]) for line in lines] == [
+        (1, "on_retry_callback"),
+        (2, "on_failure_callback"),
+    ]
+    assert all(line["run_id"] == "manual__1" and line["time"] > 0 for line in lines)
+    assert demo_report.count_callbacks(lines, CALLBACK_DAG) == {
+        1: {"on_retry_callback": 1},
+        2: {"on_failure_callback": 1},
+    }
+
+
+def test_packaged_copy_matches_dags_dir() -> None:
+    """``airflow_heartbeat_fix/demo_dags.py`` ships dags/ for installed use; regenerate it on change."""
+    assert demo_dags.read_sources(DAGS_DIR) == demo_dags.SOURCES, (
+        "dags/ changed: python -m airflow_heartbeat_fix.demo_dags dags > airflow_heartbeat_fix/demo_dags.py"
+    )
+    module_text = Path(demo_dags.__file__).read_text(encoding="utf-8")
+    assert demo_dags.render_module(demo_dags.read_sources(DAGS_DIR)) == module_text

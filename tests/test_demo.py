@@ -1,0 +1,425 @@
+"""
+The demo's decisions (rows and logs in, results and tables out) and its process cleanup.
+
+The full demo (real scheduler, Dag processor and API server, about two minutes per Airflow version) is
+``tests/e2e/test_demo.py``, run with ``pytest tests/e2e``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import jinja2
+import psutil
+import pytest
+
+from airflow_heartbeat_fix import demo, demo_email, demo_procs
+from airflow_heartbeat_fix import demo_report as report
+from airflow_heartbeat_fix.demo_report import DagOutcome, RunResult, SchedulerOutcome, TryRow
+
+CB = report.CALLBACK_DAG_ID
+RETRY = report.RETRY_DAG_ID
+
+SQLITE_CRASH_LOG = """\
+2026-11-30T06:07:18.253998Z [error    ] Detected a task instance without a heartbeat: <TaskInstance: x>
+2026-11-30T06:07:18.279740Z [error    ] Exception when executing SchedulerJob._run_scheduler_loop [airflow]
+Traceback (most recent call last):
+  File ".../taskinstance.py", line 1741, in prepare_db_for_next_try
+    session.execute(insert(TaskInstance.__table__).values(values))
+sqlite3.IntegrityError: UNIQUE constraint failed: task_instance.dag_id, task_instance.working_set
+
+The above exception was the direct cause of the following exception:
+
+sqlalchemy.exc.IntegrityError: (sqlite3.IntegrityError) UNIQUE constraint failed: task_instance.dag_id
+2026-11-30T06:07:18.290718Z [info     ] Shutting down LocalExecutor; waiting for running tasks to finish.
+"""
+
+POSTGRES_CRASH_LOG = """\
+2026-11-30T06:13:54.603932Z [error    ] Exception when executing SchedulerJob._run_scheduler_loop [airflow]
+Traceback (most recent call last):
+psycopg.errors.UniqueViolation: duplicate key value violates unique constraint "task_instance_current_key"
+DETAIL:  Key (dag_id, task_id, run_id, region_id, region_index, working_set)=(...) already exists.
+"""
+
+
+# --- rows -----------------------------------------------------------------------------------------
+
+
+def test_tries_from_airflow_3_4_rows_archived_and_current() -> None:
+    rows = [
+        {"dag_id": CB, "task_id": "stall", "try_number": 1, "state": "failed", "working_set": None,
+         "archived_reason": "retry"},
+        {"dag_id": CB, "task_id": "stall", "try_number": 2, "state": "up_for_retry", "working_set": True,
+         "archived_reason": None},
+        {"dag_id": RETRY, "task_id": "stall", "try_number": 1, "state": "running", "working_set": True},
+    ]  # fmt: skip
+    assert report.tries_from_rows(rows, [], CB) == [
+        TryRow("stall", 1, "failed", "archived", "retry"),
+        TryRow("stall", 2, "up_for_retry", "current"),
+    ]
+
+
+def test_tries_from_airflow_3_3_rows_history_and_pending_retry() -> None:
+    history = [{"dag_id": CB, "task_id": "stall", "try_number": 1, "state": "failed"}]
+    waiting = [{"dag_id": CB, "task_id": "stall", "try_number": 1, "state": "up_for_retry"}]
+    assert report.tries_from_rows(waiting, history, CB) == [
+        TryRow("stall", 1, "failed", "history"),
+        TryRow("stall", 2, "up_for_retry", "current"),
+    ]
+    running = [{"dag_id": CB, "task_id": "stall", "try_number": 2, "state": "running"}]
+    assert [t.try_number for t in report.tries_from_rows(running, history, CB)] == [1, 2]
+
+
+def test_try_zero_is_no_try_yet() -> None:
+    rows = [{"dag_id": CB, "task_id": "stall", "try_number": 0, "state": None, "working_set": True}]
+    assert report.tries_from_rows(rows, [], CB) == []
+
+
+def test_parse_jsonl_skips_partial_lines() -> None:
+    assert report.parse_jsonl('{"a": 1}\n{"b": \n[1]\n{"c": 2}') == [{"a": 1}, {"c": 2}]
+
+
+def test_count_callbacks_and_emails_per_try() -> None:
+    callbacks = [
+        {"dag_id": CB, "try_number": 1, "kind": "on_retry_callback"},
+        {"dag_id": CB, "try_number": 1, "kind": "on_retry_callback"},
+        {"dag_id": CB, "try_number": 2, "kind": "on_failure_callback"},
+        {"dag_id": RETRY, "try_number": 1, "kind": "on_failure_callback"},
+    ]
+    assert report.count_callbacks(callbacks, CB) == {
+        1: {"on_retry_callback": 2},
+        2: {"on_failure_callback": 1},
+    }
+    emails = [
+        {"fields": {"dag_id": CB, "try_number": 1}},
+        {"fields": {"dag_id": CB, "try_number": 2}},
+        {"fields": None, "subject": "not ours"},
+    ]
+    assert report.count_emails(emails, CB) == {1: 1, 2: 1}
+
+
+@pytest.mark.parametrize(
+    ("log", "expected"),
+    [
+        (SQLITE_CRASH_LOG, "IntegrityError: UNIQUE constraint failed: task_instance.dag_id, task_instance"),
+        (POSTGRES_CRASH_LOG, 'UniqueViolation: duplicate key value violates unique constraint "task_inst'),
+        ("Exception when executing SchedulerJob._run_scheduler_loop\nValueError: boom\n", "ValueError: boom"),
+        ("[info] Detected a task instance without a heartbeat\n[info] Marking task as UP_FOR_RETRY\n", None),
+    ],
+)
+def test_find_scheduler_crash(log: str, expected: str | None) -> None:
+    found = report.find_scheduler_crash(log)
+    if expected is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(expected)
+
+
+@pytest.mark.parametrize(
+    ("version", "bug"),
+    [
+        ("3.4.0b1", report.CRASH),
+        ("3.4.0b2", report.CRASH),
+        ("3.3.2", report.DUPLICATES),
+        ("3.2.2", report.DUPLICATES),
+        ("3.4.0", None),
+        ("3.4.0rc1", None),
+    ],
+)
+def test_expected_stock_bug(version: str, bug: str | None) -> None:
+    assert report.expected_stock_bug(version) == bug
+
+
+# --- verdicts -------------------------------------------------------------------------------------
+
+
+def _converged(version: str = "3.4.0b2", **changes: object) -> RunResult:
+    tries = [TryRow("stall", 1, "failed", "archived", "retry"), TryRow("stall", 2, "failed", "current")]
+    result = RunResult(
+        label="fixed",
+        fix_enabled=True,
+        airflow_version=version,
+        database="sqlite",
+        home="/demo/fixed",
+        dags={
+            RETRY: DagOutcome(RETRY, "failed", list(tries)),
+            CB: DagOutcome(
+                CB,
+                "failed",
+                list(tries),
+                callbacks={1: {"on_retry_callback": 1}, 2: {"on_failure_callback": 1}},
+                emails={1: 1, 2: 1},
+            ),
+        },
+        converged=True,
+        converge_seconds=27.0,
+        elapsed_seconds=70.0,
+        stop_reason="Dag runs finished, callbacks settled",
+    )
+    for name, value in changes.items():
+        setattr(result, name, value)
+    return result
+
+
+def test_fixed_run_that_converged_has_no_problems() -> None:
+    assert report.fixed_problems(_converged()) == []
+
+
+def test_fixed_problems_duplicates_crash_missing_retry_and_leftovers() -> None:
+    result = _converged(
+        scheduler=SchedulerOutcome(alive=False, crashed=True, error="UniqueViolation: ..."),
+        converged=False,
+        stop_reason="scheduler crashed",
+        leftover_pids=[123],
+    )
+    result.dags[CB].callbacks[1]["on_retry_callback"] = 2
+    result.dags[RETRY].tries = [TryRow("stall", 1, "running", "current")]
+    problems = "\n".join(report.fixed_problems(result))
+    assert "scheduler did not survive: UniqueViolation" in problems
+    assert f"{CB}: duplicate callbacks/emails for try 1" in problems
+    assert f"{CB}: try 1 did not get exactly one on_retry_callback" in problems
+    assert f"{RETRY}: try 1 is running, expected failed" in problems
+    assert f"{RETRY}: try 2 was not created" in problems
+    assert "did not converge: scheduler crashed" in problems
+    assert "processes left running: [123]" in problems
+
+
+def test_fixed_problems_email_only_counted_where_the_backend_is_used() -> None:
+    result = _converged(version="3.2.2")
+    result.dags[CB].emails = {}
+    assert report.fixed_problems(result) == []
+    result.airflow_version = "3.3.2"
+    assert report.fixed_problems(result) == [f"{CB}: try 1 did not get exactly one email"]
+
+
+def test_stock_reproduced_crash_and_duplicates() -> None:
+    crashed = _converged(fix_enabled=False, scheduler=SchedulerOutcome(alive=False, crashed=True))
+    assert report.stock_reproduced(crashed) is True
+    assert report.stock_reproduced(_converged(fix_enabled=False)) is False
+    duplicated = _converged(version="3.3.2", fix_enabled=False)
+    assert report.stock_reproduced(duplicated) is False
+    duplicated.dags[CB].callbacks[2]["on_failure_callback"] = 2
+    assert report.stock_reproduced(duplicated) is True
+    assert report.stock_reproduced(_converged(version="3.4.0", fix_enabled=False)) is None
+
+
+def test_render_table_side_by_side() -> None:
+    stock = _converged(
+        label="stock",
+        fix_enabled=False,
+        scheduler=SchedulerOutcome(alive=False, crashed=True, error="UniqueViolation: duplicate key"),
+        converged=False,
+        converge_seconds=None,
+        reproduced=True,
+    )
+    stock.dags[CB].tries = [TryRow("stall", 1, "running", "current")]
+    table = report.render_table([stock, _converged()])
+    lines = table.splitlines()
+    assert lines[0] == "Airflow 3.4.0b2, sqlite"
+    assert "stock ([heartbeat_fix] enabled=False)" in lines[2]
+    assert "fixed ([heartbeat_fix] enabled=True)" in lines[2]
+    scheduler = next(line for line in lines if line.startswith("scheduler "))
+    assert "CRASHED: UniqueViolation" in scheduler and scheduler.rstrip().endswith("alive")
+    assert any("failed (archived: retry)" in line and "running (current)" in line for line in lines)
+    assert any("on_retry_callback x1" in line for line in lines)
+    verdict = next(line for line in lines if line.startswith("verdict"))
+    assert "bug reproduced (crash)" in verdict and "OK: converged as expected" in verdict
+    assert "stock scheduler error: UniqueViolation: duplicate key" in table
+
+
+def test_progress_line_and_phase() -> None:
+    dags = {CB: DagOutcome(CB, "running", [TryRow("stall", 1, "running", "current")])}
+    assert demo.run_phase(dags) == "task frozen; waiting for heartbeat timeout"
+    assert report.progress_line(dags) == (f"{RETRY}: no run yet; {CB}: try 1 running; callbacks 0, emails 0")
+    assert demo.run_phase({}) == "waiting for Dag runs"
+
+
+# --- demo glue decisions --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"crashed_for": 5.0}, "scheduler crashed"),
+        ({"crashed_for": 1.0}, None),
+        ({"exited": True}, "scheduler exited"),
+        ({"terminal_for": 8.0, "quiet_for": 4.0}, "Dag runs finished, callbacks settled"),
+        ({"terminal_for": 8.0, "quiet_for": 1.0}, None),
+        ({"terminal_for": 2.0, "quiet_for": 2.0}, None),
+        ({"since_trigger": 120.0}, "timed out after 120 s"),
+        ({}, None),
+    ],
+)
+def test_should_stop(kwargs: dict[str, object], reason: str | None) -> None:
+    args: dict[str, object] = {
+        "since_trigger": 30.0,
+        "crashed_for": None,
+        "exited": False,
+        "terminal_for": None,
+        "quiet_for": 0.0,
+        "timeout": 120.0,
+        "settle": 8.0,
+        **kwargs,
+    }
+    assert demo.should_stop(**args) == reason  # type: ignore[arg-type]
+
+
+def test_airflow_env_is_isolated_and_sets_the_switch(tmp_path: Path) -> None:
+    base = {"PATH": "/bin", "AIRFLOW_HOME": "/elsewhere", "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor"}
+    env = demo.airflow_env(
+        base,
+        home=tmp_path,
+        database_url="sqlite:///x.db",
+        api_port=8765,
+        fix_enabled=False,
+        heartbeat_timeout=10,
+        detection_interval=2,
+        jwt_secret="s",
+    )
+    assert env["PATH"] == "/bin"
+    assert env["AIRFLOW_HOME"] == str(tmp_path)
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert env["AIRFLOW__HEARTBEAT_FIX__ENABLED"] == "False"
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:8765/execution/"
+    assert env["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] == "10"
+    assert env["AIRFLOW__EMAIL__EMAIL_BACKEND"] == "airflow_heartbeat_fix.demo_email.send_email"
+    assert env["TMPDIR"] == str(tmp_path / "tmp")
+
+
+def test_default_home_and_db_label(tmp_path: Path) -> None:
+    assert demo.db_label(None) == "sqlite"
+    assert demo.db_label("postgresql+psycopg://u:p@h/db") == "postgresql"
+    assert demo.default_home(tmp_path, "3.4.0b2", None) == tmp_path / ".demo" / "3.4.0b2-sqlite"
+
+
+def test_dag_sources_default_to_the_repository_dags() -> None:
+    origin, sources = demo.find_dag_sources(None)
+    assert origin.endswith("dags")
+    assert set(sources) == {f"{d}.py" for d in report.DAG_IDS}
+
+
+def test_dag_sources_from_a_directory_missing_a_dag(tmp_path: Path) -> None:
+    (tmp_path / f"{RETRY}.py").write_text("# nothing\n")
+    with pytest.raises(demo.DemoError, match=f"lacks {CB}.py"):
+        demo.find_dag_sources(tmp_path)
+
+
+def test_prepare_home_writes_dags_and_subject_template(tmp_path: Path) -> None:
+    home = tmp_path / "stock"
+    (home / "old").mkdir(parents=True)
+    demo.prepare_home(home, {"a.py": "x = 1\n"})
+    assert not (home / "old").exists()
+    assert (home / "dags" / "a.py").read_text() == "x = 1\n"
+    assert (home / "logs").is_dir() and (home / "tmp").is_dir()
+    assert (home / "email_subject.j2").read_text() == demo_email.SUBJECT_TEMPLATE
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--runs", "stock,broken"], "--runs takes"),
+        (["--database", "sqlite:///x.db"], "--database must be a postgresql URL"),
+    ],
+)
+def test_bad_arguments_exit_2_before_starting_anything(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert demo.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+# --- fake email backend ---------------------------------------------------------------------------
+
+
+def test_email_backend_records_subject_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    ti = {"dag_id": CB, "task_id": "stall", "run_id": "manual__2026-11-30T06:13:39+00:00"}
+    subject = jinja2.Template(demo_email.SUBJECT_TEMPLATE).render(ti=ti, try_number=2)
+    demo_email.send_email(["alerts@example.com"], subject, "<b>body</b>", conn_id=None, from_email="a@b")
+    (line,) = report.parse_jsonl((tmp_path / demo_email.EMAIL_LOG_NAME).read_text())
+    assert line["fields"] == {**ti, "try_number": 2}
+    assert report.count_emails([line], CB) == {2: 1}
+
+
+def test_email_subject_that_is_not_ours_is_kept_raw() -> None:
+    assert demo_email.parse_subject("Airflow alert: <TaskInstance ...>") is None
+
+
+# --- processes ------------------------------------------------------------------------------------
+
+FREEZER = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    # Like a task: a child in its own session that stops its parent (the "supervisor").
+    task = "import os, signal, time; os.kill(os.getppid(), signal.SIGSTOP); time.sleep(600)"
+    child = subprocess.Popen([sys.executable, "-c", task], start_new_session=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_stop_all_ends_frozen_supervisors_and_their_children(tmp_path: Path) -> None:
+    procs = demo_procs.Processes(marker=f"test-{os.getpid()}-{time.time()}")
+    component = procs.start(
+        "freezer", [sys.executable, "-c", FREEZER], dict(os.environ), tmp_path / "freezer.log", tmp_path
+    )
+    parent = psutil.Process(component.popen.pid)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and parent.status() != psutil.STATUS_STOPPED:
+        time.sleep(0.1)
+    assert parent.status() == psutil.STATUS_STOPPED
+    procs.track()
+    (child,) = parent.children()
+    assert child.environ()[demo_procs.MARKER_ENV] == procs.marker
+
+    procs.stop_all(grace=1.0)
+
+    assert procs.leftovers() == []
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    assert component.exit_code() is not None
+
+
+def test_run_returns_exit_codes_and_logs(tmp_path: Path) -> None:
+    procs = demo_procs.Processes(marker="test-run")
+    log = tmp_path / "run.log"
+    argvs = [[sys.executable, "-c", "print('hi')"], [sys.executable, "-c", "raise SystemExit(3)"]]
+    assert procs.run(argvs, dict(os.environ), log, tmp_path, timeout=60) == [0, 3]
+    assert "hi" in log.read_text()
+
+
+def test_run_kills_a_command_that_times_out(tmp_path: Path) -> None:
+    procs = demo_procs.Processes(marker="test-timeout")
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    started = time.monotonic()
+    codes = procs.run([argv], dict(os.environ), tmp_path / "t.log", tmp_path, timeout=0.5)
+    assert codes == [-signal.SIGKILL]
+    assert time.monotonic() - started < 10
+    assert procs.leftovers() == []
+
+
+def test_to_json_round_trips(tmp_path: Path) -> None:
+    config = demo.DemoConfig(
+        home=tmp_path,
+        database=None,
+        dags_origin="dags",
+        dag_sources={},
+        airflow_bin=Path("airflow"),
+        airflow_version="3.4.0b2",
+        heartbeat_timeout=10,
+        detection_interval=2,
+        timeout=120,
+        settle=8,
+        runs=("fixed",),
+        json_path=None,
+    )
+    data = json.loads(json.dumps(demo.to_json(config, [_converged()], ok=True)))
+    fixed = data["runs"]["fixed"]
+    assert data["ok"] is True and data["database"] == "sqlite"
+    assert fixed["dags"][CB]["callbacks"] == {"1": {"on_retry_callback": 1}, "2": {"on_failure_callback": 1}}
+    assert fixed["dags"][CB]["tries"][0]["archived_reason"] == "retry"

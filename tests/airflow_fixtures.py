@@ -46,6 +46,7 @@ class DagSpec:
     tasks: list[TaskSpec] = field(default_factory=lambda: [TaskSpec()])
     fail_fast: bool = False
     dag_callbacks: bool = False
+    dagrun_timeout: timedelta | None = None
 
 
 def _build_dag(spec: DagSpec) -> Any:
@@ -58,6 +59,7 @@ def _build_dag(spec: DagSpec) -> Any:
         fail_fast=spec.fail_fast,
         catchup=False,
         on_failure_callback=_noop_callback if spec.dag_callbacks else None,
+        dagrun_timeout=spec.dagrun_timeout,
     ) as dag:
         for task in spec.tasks:
             EmptyOperator(
@@ -178,10 +180,15 @@ def callback_requests(session: Session) -> list[Any]:
     return [row.get_callback_request() for row in rows]
 
 
+def task_key(executor: Any, ti: Any) -> Any:
+    """The key ``executor`` tracks ``ti`` by: its UUID on 3.4 executors that support it, else ``ti.key``."""
+    key_for = getattr(executor, "get_task_key", None)
+    return key_for(ti) if key_for else ti.key
+
+
 def report_event(executor: Any, ti: Any, state: str) -> None:
     """What a worker's exit looks like to the scheduler: an executor event for the task instance."""
-    key_for = getattr(executor, "get_task_key", None)
-    executor.change_state(key_for(ti) if key_for else ti.key, state, remove_running=False)
+    executor.change_state(task_key(executor, ti), state, remove_running=False)
 
 
 def archives_tries() -> bool:

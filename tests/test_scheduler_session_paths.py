@@ -94,10 +94,11 @@ def test_executor_event_missing_dag_keeps_batch_attached(dag_maker, scheduler_ru
     """The Dag-lookup-failure branch must not end the session the rest of the batch lives in."""
     from airflow.models.serialized_dag import SerializedDagModel
 
-    orphan = _running_ti(dag_maker, scheduler_runner, session, task_id="orphan")
+    orphan = _running_ti(dag_maker, scheduler_runner, session, task_id="orphan", callbacks=True)
     retryable = _running_ti(dag_maker, scheduler_runner, session, retries=1)
     session.execute(delete(SerializedDagModel).where(SerializedDagModel.dag_id == orphan.dag_id))
     session.commit()
+    session.expunge_all()  # nothing may still hold the deleted serialized Dag
     report_event(scheduler_runner.executor, orphan, TaskInstanceState.FAILED)
     report_event(scheduler_runner.executor, retryable, TaskInstanceState.FAILED)
 
@@ -105,6 +106,7 @@ def test_executor_event_missing_dag_keeps_batch_attached(dag_maker, scheduler_ru
     session.commit()
 
     assert tries(session, orphan)[-1][1] == TaskInstanceState.FAILED
+    assert task_callbacks(session, orphan) == [], "the Dag was found: the lookup-failure branch did not run"
     assert_retried_once(session, retryable)
 
 

@@ -25,8 +25,8 @@ from tests.airflow_fixtures import (
     callback_requests,
     make_running,
     report_event,
-    task_key,
     task_callbacks,
+    task_key,
     tries,
 )
 

@@ -69,3 +69,12 @@ def test_install_is_idempotent_and_uninstall_restores() -> None:
         if activation.is_enabled():
             activation.install()
     assert (scheduler_command.SchedulerJobRunner, database_callback_sink.DatabaseCallbackSink) == before
+
+
+def test_airflow_plugins_lists_heartbeat_fix() -> None:
+    import json
+
+    result = _run([AIRFLOW, "plugins", "--output", "json"], enabled=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    names = [plugin["name"] for plugin in json.loads(result.stdout[result.stdout.index("[") :])]
+    assert names.count("heartbeat_fix") == 1

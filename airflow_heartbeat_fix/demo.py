@@ -285,7 +285,7 @@ def read_outcomes(db: Db, home: Path) -> dict[str, report.DagOutcome]:
         dag_id = str(run["dag_id"])
         outcomes[dag_id] = report.DagOutcome(
             dag_id=dag_id,
-            run_state=report._state(run["state"]),
+            run_state=report.state_name(run["state"]),
             tries=report.tries_from_rows(ti_rows, history, dag_id),
             callbacks=report.count_callbacks(callbacks, dag_id),
             emails=report.count_emails(emails, dag_id),
@@ -441,10 +441,8 @@ def watch(
         now = time.monotonic()
         try:
             dags = read_outcomes(db, home)
-        except Exception as exc:  # SQLite can be locked for a moment
-            progress.update("reading database", type(exc).__name__)
-            time.sleep(1.0)
-            continue
+        except Exception:  # SQLite can be locked for a moment: keep the last snapshot
+            dags = result.dags
         result.dags = dags
         seen = {d: (o.callbacks, o.emails, o.tries, o.run_state) for d, o in dags.items()}
         if seen != last_seen:
@@ -527,12 +525,15 @@ def run_once(config: DemoConfig, label: str) -> report.RunResult:
         if db is not None:
             db.dispose()
         result.elapsed_seconds = time.monotonic() - started
+        left = result.leftover_pids
+        progress.done(
+            f"stopped: {result.stop_reason or 'setup failed or interrupted'}"
+            + (f"; WARNING: processes left: {left}" if left else "")
+        )
     if fix_enabled:
         result.problems = report.fixed_problems(result)
     else:
         result.reproduced = report.stock_reproduced(result)
-    left = result.leftover_pids
-    progress.done(f"{result.stop_reason}" + (f"; WARNING: processes left: {left}" if left else ""))
     return result
 
 
@@ -612,6 +613,11 @@ def main(argv: list[str] | None = None) -> int:
     stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {sig: signal.signal(sig, _raise_keyboard_interrupt) for sig in stop_signals}
     results: list[report.RunResult] = []
+    print(
+        f"demo: Airflow {config.airflow_version} ({config.db_label}), home {config.home}, "
+        f"Dags from {config.dags_origin}, heartbeat timeout {config.heartbeat_timeout} s",
+        file=sys.stderr,
+    )
     try:
         config.home.mkdir(parents=True, exist_ok=True)
         for label in config.runs:

@@ -132,11 +132,11 @@ def tries_from_rows(
         if row.get("dag_id") != dag_id:
             continue
         key = (str(row["task_id"]), int(row["try_number"]))
-        tries[key] = TryRow(key[0], key[1], _state(row.get("state")), "history")
+        tries[key] = TryRow(key[0], key[1], state_name(row.get("state")), "history")
     for row in ti_rows:
         if row.get("dag_id") != dag_id:
             continue
-        task_id, try_number, state = str(row["task_id"]), int(row["try_number"]), _state(row.get("state"))
+        task_id, try_number, state = str(row["task_id"]), int(row["try_number"]), state_name(row.get("state"))
         if try_number == 0:  # created, never scheduled: no try yet
             continue
         working_set = row.get("working_set", True)
@@ -153,7 +153,7 @@ def tries_from_rows(
     return [tries[key] for key in sorted(tries)]
 
 
-def _state(value: Any) -> str | None:
+def state_name(value: Any) -> str | None:
     if value is None:
         return None
     return str(getattr(value, "value", value))

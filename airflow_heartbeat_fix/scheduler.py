@@ -69,7 +69,8 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
     eligibility, sends the email request the executor-event path would have sent, and calls
     ``handle_failure`` in the same pass. The stock purge still runs for each task instance: it writes
     the audit ``Log`` row and the error line, builds and sends the callback, tells the executor, and
-    emits ``task_instances_without_heartbeats_killed``.
+    emits ``task_instances_without_heartbeats_killed``. ``_find_and_purge_task_instances_without_heartbeats``
+    runs both in one ``create_session()``, so the locks and the task instances share one transaction.
     """
 
     def _find_task_instances_without_heartbeats(self, *, session: Session) -> list[TI]:
@@ -91,53 +92,37 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
     def _purge_task_instances_without_heartbeats(
         self, task_instances_without_heartbeats: list[TI], *, session: Session
     ) -> None:
-        live = self._still_running(task_instances_without_heartbeats, session=session)
-        if not live:
-            return
-        callback_types = {}
-        for ti in live:
+        for ti in task_instances_without_heartbeats:
+            # Per task instance and right before its side effects, as upstream does: handle_failure()
+            # commits (TaskInstance.save_to_db), which releases the scan's row locks for the rest of
+            # the batch, and SQLite has no row locks at all.
+            ti.refresh_from_db(session=session)
+            if ti.state not in HEARTBEAT_TIMEOUT_STATES:
+                self.log.info(
+                    "Task instance %s is no longer running (state=%s); skipping heartbeat-timeout purge",
+                    ti,
+                    ti.state,
+                )
+                Stats.incr("heartbeat_fix.heartbeat_timeout.skipped_finished", tags={"dag_id": ti.dag_id})
+                continue
             ti.task = self._load_task(ti, session=session)
             # Decided with the task loaded (retries, not the no-task guess) and before the state changes.
-            callback_types[ti.id] = (
+            callback_type = (
                 TaskInstanceState.UP_FOR_RETRY if ti.is_eligible_to_retry() else TaskInstanceState.FAILED
             )
-        with _typed_task_callbacks(self.executor, callback_types) as sent:
-            super()._purge_task_instances_without_heartbeats(live, session=session)
-        for ti in live:
-            request = sent.get(ti.id)
-            if request is None and ti.state != TaskInstanceState.RESTARTING:
+            with _typed_task_callbacks(self.executor, ti.id, callback_type) as sent:
+                super()._purge_task_instances_without_heartbeats([ti], session=session)
+            if not sent and ti.state != TaskInstanceState.RESTARTING:
                 # The stock purge skipped it (no Dag version to build a callback from); so does upstream.
                 continue
             # Once the task instance leaves RUNNING, the executor-event path no longer sends the email.
-            if request is not None and _has_email_alerts(ti.task):
-                self.executor.send_callback(_email_request_for(request, callback_types[ti.id]))
+            if sent and _has_email_alerts(ti.task):
+                self.executor.send_callback(_email_request_for(sent[0], callback_type))
             msg = str(self._generate_task_instance_heartbeat_timeout_message_details(ti))
             ti.handle_failure(error=msg, session=session)
             Stats.incr(
                 "heartbeat_fix.heartbeat_timeout.converged", tags={"dag_id": ti.dag_id, "task_id": ti.task_id}
             )
-
-    def _still_running(self, tis: list[TI], *, session: Session) -> list[TI]:
-        """Re-read the batch's committed state in one query; a worker may have finished one meanwhile."""
-        if not tis:
-            return tis
-        refreshed = session.scalars(
-            select(TI).where(TI.id.in_([ti.id for ti in tis])).execution_options(populate_existing=True)
-        )
-        by_id = {ti.id: ti for ti in refreshed}
-        still_running = []
-        for ti in tis:
-            current = by_id.get(ti.id)
-            if current is None or current.state not in HEARTBEAT_TIMEOUT_STATES:
-                self.log.info(
-                    "Task instance %s is no longer running (state=%s); skipping heartbeat-timeout purge",
-                    ti,
-                    current.state if current is not None else "deleted",
-                )
-                Stats.incr("heartbeat_fix.heartbeat_timeout.skipped_finished", tags={"dag_id": ti.dag_id})
-                continue
-            still_running.append(current)
-        return still_running
 
     def _load_task(self, ti: TI, *, session: Session) -> Any:
         """The serialized task, or ``None`` (the task instance is still failed, without task context)."""
@@ -169,22 +154,22 @@ def _email_request_for(request: TaskCallbackRequest, callback_type: TaskInstance
 
 @contextlib.contextmanager
 def _typed_task_callbacks(
-    executor: BaseExecutor, callback_types: dict[Any, TaskInstanceState]
-) -> Iterator[dict[Any, TaskCallbackRequest]]:
+    executor: BaseExecutor, ti_id: Any, callback_type: TaskInstanceState
+) -> Iterator[list[TaskCallbackRequest]]:
     """
-    While the stock purge runs, stamp each task callback with its decided type and collect it by TI id.
+    While the stock purge runs, stamp the task instance's callback with ``callback_type`` and collect it.
 
     3.2 sends heartbeat-timeout callbacks untyped (so a retryable task gets ``on_failure_callback``) and
     3.3 types them without the task loaded. The stock purge calls ``self.executor.send_callback``; the
     interception is an instance attribute on that executor, removed when the block ends.
     """
-    sent: dict[Any, TaskCallbackRequest] = {}
+    sent: list[TaskCallbackRequest] = []
     send_callback: Callable[[CallbackRequest], None] = executor.send_callback
 
     def typed_send_callback(request: CallbackRequest) -> None:
-        if isinstance(request, TaskCallbackRequest) and request.ti.id in callback_types:
-            request.task_callback_type = callback_types[request.ti.id]
-            sent[request.ti.id] = request
+        if isinstance(request, TaskCallbackRequest) and request.ti.id == ti_id:
+            request.task_callback_type = callback_type
+            sent.append(request)
         send_callback(request)
 
     executor.send_callback = typed_send_callback  # type: ignore[method-assign]

@@ -179,6 +179,36 @@ def test_heartbeat_timeout_skips_ti_completed_after_scan(dag_maker, scheduler_ru
     assert _state_of_try(session, ti, 1) == TaskInstanceState.SUCCESS
 
 
+def test_heartbeat_timeout_skips_ti_completed_while_batch_is_purged(dag_maker, scheduler_runner, session):
+    """
+    ``handle_failure`` commits, releasing the scan's row locks for the rest of the batch: a worker that
+    finishes a later task instance then must win, with no failure callback for it.
+    """
+    from airflow.utils.session import create_session
+    from sqlalchemy import event
+
+    dag_run = dag_maker(tasks=[TaskSpec(task_id="first"), TaskSpec(task_id="second")])
+    tis = [make_running(ti, scheduler_runner, session) for ti in dag_run.get_task_instances(session=session)]
+
+    def worker_finishes_the_rest(_: Any) -> None:
+        with create_session(scoped=False) as worker:
+            worker.execute(
+                update(TaskInstance)
+                .where(TaskInstance.id.in_([ti.id for ti in tis]), TaskInstance.state == "running")
+                .values(state="success")
+            )
+
+    event.listen(session, "after_commit", worker_finishes_the_rest, once=True)
+    scheduler_runner._find_and_purge_task_instances_without_heartbeats()
+
+    outcome = {
+        ti.task_id: (_state_of_try(session, ti, 1), len(_callbacks_for_try(session, ti))) for ti in tis
+    }
+    assert sorted(outcome.values()) == [(TaskInstanceState.FAILED, 1), (TaskInstanceState.SUCCESS, 0)], (
+        outcome
+    )
+
+
 @RETRY_CRASHES_STOCK_34
 @pytest.mark.skipif(not ON_POSTGRES, reason="row locks need PostgreSQL; SQLite has none")
 def test_heartbeat_timeout_scan_skips_rows_locked_by_another_scheduler(dag_maker, scheduler_runner, session):

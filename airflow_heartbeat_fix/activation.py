@@ -88,33 +88,39 @@ def install() -> dict[str, FixDecision]:
     global _installed
     if _installed is not None:
         return decisions()
+    # Claimed before patching: importing the scheduler command below re-enters through the import hook.
+    _installed = state = _Installed()
     try:
-        decided = decisions()
+        found = facts()
+        decided = decide(found, enabled=is_enabled())
         active = tuple(fix for fix, decision in decided.items() if decision.state is FixState.ACTIVE)
-        state = _Installed()
         if active:
-            from airflow.callbacks import database_callback_sink
-            from airflow.cli.commands import scheduler_command
-
-            from airflow_heartbeat_fix import session_binding
-            from airflow_heartbeat_fix.scheduler import build_runner_class
-
-            state.runner = build_runner_class(active, base=_originals()["runner"])
-            _patch(scheduler_command, "SchedulerJobRunner", state.runner, state)
-            if SINK_FIX in active:
-                from airflow_heartbeat_fix.callback_sink import SessionPreservingCallbackSink
-
-                _patch(database_callback_sink, "DatabaseCallbackSink", SessionPreservingCallbackSink, state)
-                session_binding.install()
-        _installed = state
+            _apply(active, state)
     except Exception:
         log.exception("airflow-heartbeat-fix could not be activated; Airflow is left unpatched")
+        uninstall()
         return {}
     for fix in FIXES:
         if decided[fix].state is FixState.UNSUPPORTED:
             log.warning("airflow-heartbeat-fix: %s not applied: %s", fix, decided[fix].reason)
-    log.info(summary(decided, facts().version))
+    log.info(summary(decided, found.version))
     return decided
+
+
+def _apply(active: tuple[str, ...], state: _Installed) -> None:
+    from airflow.callbacks import database_callback_sink
+    from airflow.cli.commands import scheduler_command
+
+    from airflow_heartbeat_fix import session_binding
+    from airflow_heartbeat_fix.scheduler import build_runner_class
+
+    state.runner = build_runner_class(active, base=_originals()["runner"])
+    _patch(scheduler_command, "SchedulerJobRunner", state.runner, state)
+    if SINK_FIX in active:
+        from airflow_heartbeat_fix.callback_sink import SessionPreservingCallbackSink
+
+        _patch(database_callback_sink, "DatabaseCallbackSink", SessionPreservingCallbackSink, state)
+        session_binding.install()
 
 
 def uninstall() -> None:

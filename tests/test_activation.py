@@ -38,6 +38,15 @@ def test_plain_airflow_scheduler_runs_fixed_classes(enabled: bool) -> None:
         assert "HeartbeatFixSchedulerJobRunner" not in output
 
 
+def test_explicit_scheduler_wrapper_activates_once() -> None:
+    needed = _needed_fixes()
+    result = _run([STATUS, "scheduler", "--num-runs", "1", "--skip-serve-logs"], enabled=True)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert output.count(f"airflow-heartbeat-fix on Airflow {activation.facts().version}") == 1, output[-4000:]
+    assert ("airflow-heartbeat-fix: scheduler running with " + ", ".join(needed) in output) is bool(needed)
+
+
 def test_status_reports_each_fix() -> None:
     result = _run([STATUS, "status"], enabled=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -134,16 +134,26 @@ def should_stop(
     exited: bool,
     terminal_for: float | None,
     quiet_for: float,
+    callbacks_complete: bool,
     timeout: float,
     settle: float,
 ) -> str | None:
-    """Why to stop watching a run now, or None to keep waiting."""
+    """
+    Why to stop watching a run now, or None to keep waiting.
+
+    Once every Dag run is finished, watch at least ``settle`` seconds (and ``settle / 2`` without any
+    change) for late or duplicate callbacks; up to ``4 * settle`` while a finished try still misses its
+    callback or email, which the Dag processor runs asynchronously.
+    """
     if crashed_for is not None and crashed_for >= min(settle, 5.0):
         return "scheduler crashed"
     if exited and crashed_for is None:
         return "scheduler exited"
     if terminal_for is not None and terminal_for >= settle and quiet_for >= settle / 2:
-        return "Dag runs finished, callbacks settled"
+        if callbacks_complete:
+            return "Dag runs finished, callbacks settled"
+        if terminal_for >= 4 * settle:
+            return "Dag runs finished, callbacks missing"
     if since_trigger >= timeout:
         return f"timed out after {timeout:.0f} s"
     return None
@@ -370,7 +380,7 @@ def start_components(
         home,
     )
     procs.start("dag-processor", [airflow, "dag-processor"], env, logs / "dag-processor.out", home)
-    procs.start("scheduler", [airflow, "scheduler"], env, logs / "scheduler.out", home)
+    procs.start("scheduler", [airflow, "scheduler", "--skip-serve-logs"], env, logs / "scheduler.out", home)
 
 
 def _check_components(procs: Processes) -> None:
@@ -466,6 +476,7 @@ def watch(
             exited=exit_code is not None,
             terminal_for=None if terminal_at is None else now - terminal_at,
             quiet_for=now - last_change,
+            callbacks_complete=report.callbacks_complete(dags, config.airflow_version),
             timeout=config.timeout,
             settle=config.settle,
         )
@@ -558,7 +569,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--heartbeat-timeout", type=int, default=10, help="seconds (default 10)")
     parser.add_argument("--detection-interval", type=int, default=2, help="seconds (default 2)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per run after trigger")
-    parser.add_argument("--settle", type=float, default=8.0, help="seconds to watch for late callbacks")
+    parser.add_argument(
+        "--settle", type=float, default=6.0, help="seconds to watch for late callbacks (default 6)"
+    )
     return parser.parse_args(argv)
 
 

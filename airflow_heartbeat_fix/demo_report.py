@@ -251,6 +251,21 @@ def fixed_problems(result: RunResult) -> list[str]:
     return problems
 
 
+def callbacks_complete(dags: Mapping[str, DagOutcome], version: str) -> bool:
+    """Whether every finished try of the callback Dag has its callback (and email, where counted)."""
+    outcome = dags.get(CALLBACK_DAG_ID)
+    if outcome is None:
+        return True
+    for row in outcome.tries:
+        if row.state != "failed":
+            continue
+        if _total(outcome.callbacks, row.try_number) < 1:
+            return False
+        if emails_via_backend(version) and outcome.emails.get(row.try_number, 0) < 1:
+            return False
+    return True
+
+
 def stock_reproduced(result: RunResult) -> bool | None:
     """Whether the stock run shows the bug this Airflow version has (None: no known bug)."""
     bug = expected_stock_bug(result.airflow_version)

@@ -198,6 +198,18 @@ def test_fixed_problems_email_only_counted_where_the_backend_is_used() -> None:
     assert report.fixed_problems(result) == [f"{CB}: try 1 did not get exactly one email"]
 
 
+def test_callbacks_complete_waits_for_each_failed_try() -> None:
+    result = _converged()
+    assert report.callbacks_complete(result.dags, "3.4.0b2")
+    del result.dags[CB].emails[2]
+    assert not report.callbacks_complete(result.dags, "3.4.0b2")
+    assert report.callbacks_complete(result.dags, "3.2.2")  # no emails counted there
+    del result.dags[CB].callbacks[2]
+    assert not report.callbacks_complete(result.dags, "3.2.2")
+    result.dags[CB].tries[1] = TryRow("stall", 2, "running", "current")
+    assert report.callbacks_complete(result.dags, "3.2.2")
+
+
 def test_stock_reproduced_crash_and_duplicates() -> None:
     crashed = _converged(fix_enabled=False, scheduler=SchedulerOutcome(alive=False, crashed=True))
     assert report.stock_reproduced(crashed) is True
@@ -252,6 +264,11 @@ def test_progress_line_and_phase() -> None:
         ({"terminal_for": 8.0, "quiet_for": 4.0}, "Dag runs finished, callbacks settled"),
         ({"terminal_for": 8.0, "quiet_for": 1.0}, None),
         ({"terminal_for": 2.0, "quiet_for": 2.0}, None),
+        ({"terminal_for": 8.0, "quiet_for": 4.0, "callbacks_complete": False}, None),
+        (
+            {"terminal_for": 32.0, "quiet_for": 4.0, "callbacks_complete": False},
+            "Dag runs finished, callbacks missing",
+        ),
         ({"since_trigger": 120.0}, "timed out after 120 s"),
         ({}, None),
     ],
@@ -263,6 +280,7 @@ def test_should_stop(kwargs: dict[str, object], reason: str | None) -> None:
         "exited": False,
         "terminal_for": None,
         "quiet_for": 0.0,
+        "callbacks_complete": True,
         "timeout": 120.0,
         "settle": 8.0,
         **kwargs,

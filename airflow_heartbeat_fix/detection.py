@@ -51,70 +51,66 @@ class FixDecision:
     reason: str
 
 
-def decide(facts: AirflowFacts, *, enabled: bool) -> dict[str, FixDecision]:
-    """Map the facts about an installation to one decision per fix."""
-    missing = [hook for hook in facts.missing_hooks if hook in SINK_FIX_HOOKS]
+def _unrecognised(
+    facts: AirflowFacts, fix: str, hooks: tuple[str, ...], fact: bool | None, what: str
+) -> FixDecision | None:
+    """An ``unsupported`` decision naming the version and what was not recognised, if anything wasn't."""
+    missing = [hook for hook in facts.missing_hooks if hook in hooks]
     if missing:
-        sink = FixDecision(
-            SINK_FIX,
-            FixState.UNSUPPORTED,
-            f"Airflow {facts.version}: SchedulerJobRunner has no {', '.join(missing)}; left unpatched",
-        )
-    elif facts.sink_commits_caller_session is None:
-        sink = FixDecision(
-            SINK_FIX,
-            FixState.UNSUPPORTED,
-            f"Airflow {facts.version}: DatabaseCallbackSink.send has a shape this package does not "
-            "recognise; left unpatched",
-        )
-    elif not facts.sink_commits_caller_session:
-        sink = FixDecision(
+        reason = f"SchedulerJobRunner has no {', '.join(missing)}"
+    elif fact is None:
+        reason = f"{what} has a shape this package does not recognise"
+    else:
+        return None
+    return FixDecision(fix, FixState.UNSUPPORTED, f"Airflow {facts.version}: {reason}; left unpatched")
+
+
+def _decide_sink(facts: AirflowFacts, enabled: bool) -> FixDecision:
+    fact = facts.sink_commits_caller_session
+    if unsupported := _unrecognised(facts, SINK_FIX, SINK_FIX_HOOKS, fact, "DatabaseCallbackSink.send"):
+        return unsupported
+    if not fact:
+        return FixDecision(
             SINK_FIX, FixState.NOT_NEEDED, "DatabaseCallbackSink.send already uses the caller's session"
         )
-    elif not enabled:
-        sink = FixDecision(SINK_FIX, FixState.DISABLED, "[heartbeat_fix] enabled = False")
-    else:
-        sink = FixDecision(
-            SINK_FIX,
-            FixState.ACTIVE,
-            "DatabaseCallbackSink.send is @provide_session and commits/closes the scheduler's session",
-        )
+    if not enabled:
+        return FixDecision(SINK_FIX, FixState.DISABLED, "[heartbeat_fix] enabled = False")
+    return FixDecision(
+        SINK_FIX,
+        FixState.ACTIVE,
+        "DatabaseCallbackSink.send is @provide_session and commits/closes the scheduler's session",
+    )
 
-    missing = [hook for hook in facts.missing_hooks if hook in PURGE_FIX_HOOKS]
-    if missing:
-        purge = FixDecision(
-            PURGE_FIX,
-            FixState.UNSUPPORTED,
-            f"Airflow {facts.version}: SchedulerJobRunner has no {', '.join(missing)}; left unpatched",
-        )
-    elif facts.purge_converges is None:
-        purge = FixDecision(
-            PURGE_FIX,
-            FixState.UNSUPPORTED,
-            f"Airflow {facts.version}: the heartbeat-timeout purge has a shape this package does not "
-            "recognise; left unpatched",
-        )
-    elif facts.purge_converges:
-        purge = FixDecision(
+
+def _decide_purge(facts: AirflowFacts, enabled: bool, sink: FixDecision) -> FixDecision:
+    fact = facts.purge_converges
+    if unsupported := _unrecognised(facts, PURGE_FIX, PURGE_FIX_HOOKS, fact, "the heartbeat-timeout purge"):
+        return unsupported
+    if fact:
+        return FixDecision(
             PURGE_FIX,
             FixState.NOT_NEEDED,
             "the purge already locks its rows and calls handle_failure() in the same pass",
         )
-    elif not enabled:
-        purge = FixDecision(PURGE_FIX, FixState.DISABLED, "[heartbeat_fix] enabled = False")
-    elif sink.state not in (FixState.ACTIVE, FixState.NOT_NEEDED):
+    if not enabled:
+        return FixDecision(PURGE_FIX, FixState.DISABLED, "[heartbeat_fix] enabled = False")
+    if sink.state not in (FixState.ACTIVE, FixState.NOT_NEEDED):
         # Without a sink that leaves the session alone, the row locks and the batch's task instances
         # would not survive the first callback: the backport is only correct on top of it.
-        purge = FixDecision(
+        return FixDecision(
             PURGE_FIX, FixState.UNSUPPORTED, "needs the session-preserving callback sink, which is not active"
         )
-    else:
-        purge = FixDecision(
-            PURGE_FIX,
-            FixState.ACTIVE,
-            "the purge sends a callback but leaves the task instance RUNNING for the next scan",
-        )
-    return {SINK_FIX: sink, PURGE_FIX: purge}
+    return FixDecision(
+        PURGE_FIX,
+        FixState.ACTIVE,
+        "the purge sends a callback but leaves the task instance RUNNING for the next scan",
+    )
+
+
+def decide(facts: AirflowFacts, *, enabled: bool) -> dict[str, FixDecision]:
+    """Map the facts about an installation to one decision per fix."""
+    sink = _decide_sink(facts, enabled)
+    return {SINK_FIX: sink, PURGE_FIX: _decide_purge(facts, enabled, sink)}
 
 
 def _names_used(func: Any) -> frozenset[str] | None:

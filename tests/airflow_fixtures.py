@@ -238,3 +238,18 @@ def email_requests(session: Session, ti: Any) -> list[Any]:
         for request in callback_requests(session)
         if type(request).__name__ == "EmailRequest" and request.ti.dag_id == ti.dag_id
     ]
+
+
+def schedule_until_finished(runner: Any, dag_run: Any, session: Session) -> None:
+    """Run ``_do_scheduling`` until ``dag_run`` leaves RUNNING (bounded).
+
+    Runs left RUNNING by earlier tests share the per-loop quota, so one loop may not reach this run.
+    """
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.state import DagRunState
+
+    for _ in range(10):
+        runner._do_scheduling(session)
+        session.commit()
+        if session.scalar(select(DagRun.state).where(DagRun.id == dag_run.id)) != DagRunState.RUNNING:
+            return

@@ -22,6 +22,7 @@ from tests.airflow_fixtures import (
     email_requests,
     make_running,
     report_event,
+    schedule_until_finished,
     task_callbacks,
     tries,
 )
@@ -120,14 +121,9 @@ def test_dag_callbacks_sent_from_do_scheduling_are_stored(dag_maker, scheduler_r
     session.merge(ti)
     session.commit()
 
-    run_state = select(type(dag_run).state).where(type(dag_run).id == dag_run.id)
-    # Runs left RUNNING by other tests share the per-loop quota; a few loops reach this one.
-    for _ in range(10):
-        scheduler_runner._do_scheduling(session)
-        session.commit()
-        if session.scalar(run_state) == DagRunState.FAILED:
-            break
+    schedule_until_finished(scheduler_runner, dag_run, session)
 
     stored = [request for request in callback_requests(session) if isinstance(request, DagCallbackRequest)]
     assert [(request.dag_id, request.is_failure_callback) for request in stored] == [(dag_run.dag_id, True)]
+    run_state = select(type(dag_run).state).where(type(dag_run).id == dag_run.id)
     assert session.scalar(run_state) == DagRunState.FAILED

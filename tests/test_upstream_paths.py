@@ -25,6 +25,7 @@ from tests.airflow_fixtures import (
     callback_requests,
     make_running,
     report_event,
+    schedule_until_finished,
     task_callbacks,
     task_key,
     tries,
@@ -124,15 +125,6 @@ def test_external_kill_sets_callback_type_param(dag_maker, scheduler_runner, ses
     assert [state for _, state, _ in tries(session, ti)][-1] == callback_type
 
 
-def _schedule_until_finished(runner: Any, dag_run: Any, session: Session) -> None:
-    """Other tests leave runs RUNNING that share the per-loop quota; a few loops reach this one."""
-    for _ in range(10):
-        runner._do_scheduling(session)
-        session.commit()
-        if session.scalar(select(DagRun.state).where(DagRun.id == dag_run.id)) != DagRunState.RUNNING:
-            return
-
-
 def test_dagrun_callbacks_commited_before_sent(dag_maker, scheduler_runner, session):
     """When a Dag callback is sent, another connection already sees the run's final state."""
     from airflow.utils.session import create_session
@@ -152,7 +144,7 @@ def test_dagrun_callbacks_commited_before_sent(dag_maker, scheduler_runner, sess
         send(dag, callback)
 
     scheduler_runner._send_dag_callbacks_to_processor = record_committed_state
-    _schedule_until_finished(scheduler_runner, dag_run, session)
+    schedule_until_finished(scheduler_runner, dag_run, session)
 
     assert seen_by_others == [DagRunState.FAILED]
 
@@ -168,7 +160,7 @@ def test_dagrun_timeout_callbacks_are_stored_in_database(dag_maker, scheduler_ru
     )
     session.commit()
 
-    _schedule_until_finished(scheduler_runner, dag_run, session)
+    schedule_until_finished(scheduler_runner, dag_run, session)
 
     stored = [r for r in callback_requests(session) if isinstance(r, DagCallbackRequest)]
     assert [(r.dag_id, r.run_id, r.is_failure_callback, r.msg) for r in stored] == [

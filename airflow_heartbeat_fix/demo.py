@@ -457,7 +457,9 @@ def watch(
         seen = {d: (o.callbacks, o.emails, o.tries, o.run_state) for d, o in dags.items()}
         if seen != last_seen:
             last_seen, last_change = seen, now
-        error = report.find_scheduler_crash(scheduler.read_log())
+        scheduler_log = scheduler.read_log()
+        result.scheduler.fixes = result.scheduler.fixes or report.find_fix_summary(scheduler_log)
+        error = report.find_scheduler_crash(scheduler_log)
         if error is not None and crashed_at is None:
             crashed_at = now
             result.scheduler.crashed, result.scheduler.error = True, error

@@ -23,6 +23,9 @@ FAILURE_CALLBACK = "on_failure_callback"
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 
 CRASH_MARKER = "Exception when executing SchedulerJob._run_scheduler_loop"
+_FIX_SUMMARY = re.compile(
+    r"airflow-heartbeat-fix on Airflow \S+: (.*?)(?: \[airflow_heartbeat_fix\]|$)", re.MULTILINE
+)
 _DB_ERROR = re.compile(r"(UniqueViolation|UNIQUE constraint failed|IntegrityError)[^\n]*")
 _EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Violation))(?::[^\n]*)?$", re.MULTILINE)
 
@@ -56,6 +59,7 @@ class SchedulerOutcome:
     crashed: bool = False
     exit_code: int | None = None
     error: str | None = None
+    fixes: dict[str, str] = field(default_factory=dict)  # fix -> state, as the scheduler logged them
 
 
 @dataclass
@@ -196,6 +200,19 @@ def find_scheduler_crash(log_text: str) -> str | None:
     return CRASH_MARKER
 
 
+def find_fix_summary(log_text: str) -> dict[str, str]:
+    """What the scheduler logged at start about each fix (``fix: state; ...``); empty when not loaded."""
+    match = _FIX_SUMMARY.search(log_text)
+    if match is None:
+        return {}
+    fixes: dict[str, str] = {}
+    for part in match.group(1).split("; "):
+        name, _, state = part.partition(": ")
+        if name and state:
+            fixes[name.strip()] = state.strip()
+    return fixes
+
+
 def all_runs_terminal(dags: Mapping[str, DagOutcome]) -> bool:
     return bool(dags) and all(d.run_state in TERMINAL_RUN_STATES for d in dags.values())
 
@@ -333,9 +350,13 @@ def _verdict_cell(result: RunResult) -> str:
     )
 
 
-def result_rows(result: RunResult, try_numbers: Mapping[str, list[int]]) -> list[tuple[str, str]]:
-    """``(label, value)`` rows of one run, for the tries listed per Dag."""
+def result_rows(
+    result: RunResult, try_numbers: Mapping[str, list[int]], fix_names: Iterable[str] = ()
+) -> list[tuple[str, str]]:
+    """``(label, value)`` rows of one run, for the fixes and the tries listed per Dag."""
     rows: list[tuple[str, str]] = [("scheduler", _scheduler_cell(result.scheduler))]
+    for fix in fix_names:
+        rows.append((f"  {fix}", result.scheduler.fixes.get(fix, "-")))
     for dag_id in DAG_IDS:
         outcome = result.dags.get(dag_id) or DagOutcome(dag_id)
         rows.append((dag_id, f"Dag run {outcome.run_state or '-'}"))
@@ -372,7 +393,8 @@ def render_table(results: list[RunResult], cell_width: int = 48) -> str:
     if not results:
         return ""
     try_numbers = _all_try_numbers(results)
-    columns = [result_rows(r, try_numbers) for r in results]
+    fix_names = list(dict.fromkeys(fix for r in results for fix in r.scheduler.fixes))
+    columns = [result_rows(r, try_numbers, fix_names) for r in results]
     labels = [label for label, _ in columns[0]]
     label_width = max(len(label) for label in labels)
     head = [f"{r.label} ([heartbeat_fix] enabled={r.fix_enabled})" for r in results]

@@ -121,6 +121,18 @@ def test_find_scheduler_crash(log: str, expected: str | None) -> None:
         assert found is not None and found.startswith(expected)
 
 
+def test_find_fix_summary() -> None:
+    log = (
+        "2026-11-30T06:41:40Z [info     ] airflow-heartbeat-fix on Airflow 3.4.0b2: session_preserving_sink: "
+        "active; converged_heartbeat_purge: not needed (present upstream) [airflow_heartbeat_fix]\n"
+    )
+    assert report.find_fix_summary(log) == {
+        "session_preserving_sink": "active",
+        "converged_heartbeat_purge": "not needed (present upstream)",
+    }
+    assert report.find_fix_summary("no such line\n") == {}
+
+
 @pytest.mark.parametrize(
     ("version", "bug"),
     [
@@ -231,7 +243,10 @@ def test_render_table_side_by_side() -> None:
         reproduced=True,
     )
     stock.dags[CB].tries = [TryRow("stall", 1, "running", "current")]
-    table = report.render_table([stock, _converged()])
+    stock.scheduler.fixes = {"sink": "disabled"}
+    fixed = _converged()
+    fixed.scheduler.fixes = {"sink": "active"}
+    table = report.render_table([stock, fixed])
     lines = table.splitlines()
     assert lines[0] == "Airflow 3.4.0b2, sqlite"
     assert "stock ([heartbeat_fix] enabled=False)" in lines[2]
@@ -240,6 +255,8 @@ def test_render_table_side_by_side() -> None:
     assert "CRASHED: UniqueViolation" in scheduler and scheduler.rstrip().endswith("alive")
     assert any("failed (archived: retry)" in line and "running (current)" in line for line in lines)
     assert any("on_retry_callback x1" in line for line in lines)
+    sink = next(line for line in lines if line.startswith("  sink"))
+    assert "disabled" in sink and sink.rstrip().endswith("active")
     verdict = next(line for line in lines if line.startswith("verdict"))
     assert "bug reproduced (crash)" in verdict and "OK: converged as expected" in verdict
     assert "stock scheduler error: UniqueViolation: duplicate key" in table

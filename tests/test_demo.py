@@ -19,7 +19,7 @@ import jinja2
 import psutil
 import pytest
 
-from airflow_heartbeat_fix import demo, demo_email, demo_procs
+from airflow_heartbeat_fix import demo, demo_dags, demo_email, demo_procs
 from airflow_heartbeat_fix import demo_report as report
 from airflow_heartbeat_fix.demo_report import DagOutcome, RunResult, SchedulerOutcome, TryRow
 
@@ -343,6 +343,31 @@ def test_dag_sources_from_a_directory_missing_a_dag(tmp_path: Path) -> None:
     (tmp_path / f"{RETRY}.py").write_text("# nothing\n")
     with pytest.raises(demo.DemoError, match=f"lacks {CB}.py"):
         demo.find_dag_sources(tmp_path)
+
+
+def test_dag_sources_fall_back_to_the_packaged_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An installed wheel has no dags/ next to the package: the copy in demo_dags is used."""
+    monkeypatch.setattr(
+        demo, "__file__", str(tmp_path / "site-packages" / "airflow_heartbeat_fix" / "demo.py")
+    )
+    origin, sources = demo.find_dag_sources(None)
+    assert "airflow_heartbeat_fix.demo_dags" in origin
+    assert sources == demo_dags.SOURCES
+
+
+def test_setup_failure_exits_2_and_stops_everything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = tmp_path / "airflow"
+    fake.write_text("#!/bin/sh\necho migrate failed on purpose\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(demo, "airflow_executable", lambda: fake)
+    home = tmp_path / "home"
+    assert demo.main(["--home", str(home), "--runs", "stock"]) == 2
+    err = capsys.readouterr().err
+    assert "airflow db migrate failed" in err
+    assert "migrate failed on purpose" in (home / "stock" / "logs" / "db-migrate.log").read_text()
+    assert list((home / "template").glob("*.db")) == []  # no half-migrated template is kept
 
 
 def test_prepare_home_writes_dags_and_subject_template(tmp_path: Path) -> None:

@@ -353,12 +353,17 @@ def prepare_database(config: DemoConfig, procs: Processes, env: dict[str, str], 
     if config.database is None:
         template = config.home / "template" / f"airflow-{config.airflow_version}.db"
         if not template.exists():
-            template.parent.mkdir(parents=True, exist_ok=True)
-            template_env = {**env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": sqlite_url(template)}
+            # Migrate under another name and rename when done: an interrupted migration is never reused.
+            partial = template.with_suffix(".partial")
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.unlink(missing_ok=True)
+            template_env = {**env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": sqlite_url(partial)}
             log = home / "logs" / "db-migrate.log"
-            if procs.run([[airflow, "db", "migrate"]], template_env, log, home, timeout=300) != [0]:
-                template.unlink(missing_ok=True)
+            migrated = procs.run([[airflow, "db", "migrate"]], template_env, log, home, timeout=300) == [0]
+            if not migrated:
+                partial.unlink(missing_ok=True)
                 raise DemoError(f"airflow db migrate failed; see {log}")
+            partial.replace(template)
         shutil.copyfile(template, home / "airflow.db")
         return
     ensure_database_exists(config.database)

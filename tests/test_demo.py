@@ -367,7 +367,7 @@ def test_setup_failure_exits_2_and_stops_everything(
     err = capsys.readouterr().err
     assert "airflow db migrate failed" in err
     assert "migrate failed on purpose" in (home / "stock" / "logs" / "db-migrate.log").read_text()
-    assert list((home / "template").glob("*.db")) == []  # no half-migrated template is kept
+    assert list((home / "template").iterdir()) == []  # no half-migrated template is kept
 
 
 def test_prepare_home_writes_dags_and_subject_template(tmp_path: Path) -> None:

@@ -127,6 +127,30 @@ def airflow_env(
     return env
 
 
+def bytecode_env(env: dict[str, str], *, airflow_compiled: bool, cache_dir: Path) -> dict[str, str]:
+    """
+    Without compiled bytecode in the venv and with ``PYTHONDONTWRITEBYTECODE`` set, every Airflow command
+    would compile all of Airflow again: then let them cache bytecode under ``cache_dir`` (in the demo home).
+    """
+    if airflow_compiled or not env.get("PYTHONDONTWRITEBYTECODE"):
+        return env
+    out = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    out["PYTHONPYCACHEPREFIX"] = str(cache_dir)
+    return out
+
+
+def airflow_is_compiled() -> bool:
+    """Whether the installed Airflow has bytecode next to its sources for this interpreter."""
+    from importlib.util import find_spec
+
+    spec = find_spec("airflow")
+    if spec is None or spec.origin is None:
+        return False
+    return (
+        Path(spec.origin).parent / "__pycache__" / f"__init__.{sys.implementation.cache_tag}.pyc"
+    ).exists()
+
+
 def should_stop(
     *,
     since_trigger: float,
@@ -521,6 +545,7 @@ def run_once(config: DemoConfig, label: str) -> report.RunResult:
         detection_interval=config.detection_interval,
         jwt_secret=secrets.token_urlsafe(32),
     )
+    env = bytecode_env(env, airflow_compiled=airflow_is_compiled(), cache_dir=config.home / "pycache")
     procs = Processes(marker=f"{label}-{uuid.uuid4()}")
     db: Db | None = None
     try:

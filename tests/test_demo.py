@@ -327,6 +327,16 @@ def test_airflow_env_is_isolated_and_sets_the_switch(tmp_path: Path) -> None:
     assert env["TMPDIR"] == str(tmp_path / "tmp")
 
 
+def test_bytecode_env_caches_in_the_home_only_when_needed(tmp_path: Path) -> None:
+    env = {"PATH": "/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+    assert demo.bytecode_env(env, airflow_compiled=True, cache_dir=tmp_path) == env
+    assert demo.bytecode_env({"PATH": "/bin"}, airflow_compiled=False, cache_dir=tmp_path) == {"PATH": "/bin"}
+    assert demo.bytecode_env(env, airflow_compiled=False, cache_dir=tmp_path) == {
+        "PATH": "/bin",
+        "PYTHONPYCACHEPREFIX": str(tmp_path),
+    }
+
+
 def test_default_home_and_db_label(tmp_path: Path) -> None:
     assert demo.db_label(None) == "sqlite"
     assert demo.db_label("postgresql+psycopg://u:p@h/db") == "postgresql"

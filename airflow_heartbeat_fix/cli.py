@@ -50,8 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("status", help="which fixes are active on this installation, and why")
-    sub.add_parser("scheduler", help="run `airflow scheduler ARGS...` with the fixes installed explicitly")
-    sub.add_parser("demo", help="end-to-end reproduction: stock vs fixed scheduler, side by side")
+    # Their arguments (and --help) belong to `airflow scheduler` and to the demo, not to this parser.
+    sub.add_parser(
+        "scheduler",
+        help="run `airflow scheduler ARGS...` with the fixes installed explicitly",
+        add_help=False,
+    )
+    sub.add_parser(
+        "demo", help="end-to-end reproduction: stock vs fixed scheduler, side by side", add_help=False
+    )
     known, rest = parser.parse_known_args(argv)
     if known.command == "status":
         return _status()

@@ -12,7 +12,9 @@
 #   --modes fixed           HEARTBEAT_FIX_MODES      (default: fixed stock)
 #   --jobs N                HEARTBEAT_FIX_JOBS       (default: 2, the machine has 2 cores)
 #   --no-lint               HEARTBEAT_FIX_LINT=0
-#   --cell-timeout SECONDS  HEARTBEAT_FIX_CELL_TIMEOUT (default: 1200; a hung cell must not eat CI's 90 min)
+#   --cell-timeout SECONDS  HEARTBEAT_FIX_CELL_TIMEOUT (default: 600; a cell takes 1-2 min)
+#   --deadline SECONDS      HEARTBEAT_FIX_DEADLINE   (default: 4500; no cell starts later than this
+#                           after the start, so hung cells can't run past CI's 90 min limit)
 #   -- ARGS...              extra pytest arguments, e.g. -- -k retry -x
 #
 # Contract with tests/conftest.py, per cell:
@@ -40,7 +42,8 @@ parse_args() {
     MODES="$(_words "${HEARTBEAT_FIX_MODES:-fixed stock}")"
     JOBS="${HEARTBEAT_FIX_JOBS:-2}"
     LINT="${HEARTBEAT_FIX_LINT:-1}"
-    CELL_TIMEOUT="${HEARTBEAT_FIX_CELL_TIMEOUT:-1200}"
+    CELL_TIMEOUT="${HEARTBEAT_FIX_CELL_TIMEOUT:-600}"
+    DEADLINE="${HEARTBEAT_FIX_DEADLINE:-4500}"
     PYTEST_EXTRA=()
     while (($#)); do
         case "$1" in
@@ -53,6 +56,7 @@ parse_args() {
             --jobs) JOBS="$2"; shift 2 ;;
             --jobs=*) JOBS="${1#*=}"; shift ;;
             --cell-timeout) CELL_TIMEOUT="$2"; shift 2 ;;
+            --deadline) DEADLINE="$2"; shift 2 ;;
             --no-lint) LINT=0; shift ;;
             -h | --help) usage; exit 0 ;;
             --) shift; PYTEST_EXTRA=("$@"); break ;;
@@ -131,12 +135,19 @@ run_lint_cell() {
     _finish_cell "$dir" "$rc" "$t0" "${note:+$note failed}"
 }
 
-# Runs "$@" (one cell each, as "kind arg...") at most $JOBS at a time.
+# Runs the cells in SPECS ("function arg...", cell name in CELLS at the same index), at most
+# $JOBS at a time. Cells that would start after the deadline are failed without running.
 run_queue() {
-    local running=0 spec
-    for spec in "$@"; do
+    local running=0 i spec
+    for i in "${!SPECS[@]}"; do
+        spec="${SPECS[i]}"
         while ((running >= JOBS)); do wait -n || true; ((running--)); done
-        # shellcheck disable=SC2086  # spec is "fn arg arg", split on purpose
+        if ((SECONDS >= DEADLINE)); then
+            mkdir -p "$RESULTS/cells/${CELLS[i]}"
+            _finish_cell "$RESULTS/cells/${CELLS[i]}" 125 "$SECONDS" "not started: run deadline ${DEADLINE}s passed"
+            continue
+        fi
+        # shellcheck disable=SC2086  # spec is "function arg arg", split on purpose
         ( set +e; $spec ) &
         ((++running))
     done
@@ -249,22 +260,22 @@ main() {
     log "setup done in $((SECONDS - t0))s"
 
     # Lint first: it's short and fills a slot while the first test cells start.
-    local -a specs=() cells=()
-    if ((LINT)); then specs+=("run_lint_cell"); cells+=("lint"); fi
+    SPECS=() CELLS=()
+    if ((LINT)); then SPECS+=("run_lint_cell"); CELLS+=("lint"); fi
     for v in $VERSIONS; do
         for d in $DBS; do
             for m in $MODES; do
-                specs+=("run_test_cell $v $d $m")
-                cells+=("$v-$d-$m")
+                SPECS+=("run_test_cell $v $d $m")
+                CELLS+=("$v-$d-$m")
             done
         done
     done
-    log "running ${#cells[@]} cells, $JOBS at a time: ${cells[*]}"
-    run_queue "${specs[@]}"
+    log "running ${#CELLS[@]} cells, $JOBS at a time: ${CELLS[*]}"
+    run_queue
     log "matrix done in $((SECONDS - t0))s total"
 
-    show_failures "${cells[@]}"
-    summarize "${cells[@]}"
+    show_failures "${CELLS[@]}"
+    summarize "${CELLS[@]}"
 }
 
 main "$@"

@@ -53,10 +53,17 @@ pick_python() {
 PYTHON="$(pick_python)"
 
 matrix_rc=0
+REPORT_ARGS=()
 if ((REUSE)); then
     echo "parity.sh: --reuse: reporting on the existing test-results/"
     RESULTS=test-results
 else
+    # The commit under test, before the run (the report would otherwise read it afterwards).
+    tested="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
+        tested+=" (with uncommitted changes)"
+    fi
+    REPORT_ARGS+=(--tested "$tested")
     RESULTS="$(mktemp -d "${TMPDIR:-/tmp}/hbfix-parity-results.XXXXXX")"
     trap 'rm -rf "$RESULTS"' EXIT
     t0=$SECONDS
@@ -66,7 +73,7 @@ else
 fi
 
 report_rc=0
-"$PYTHON" scripts/parity_report.py --results "$RESULTS" || report_rc=$?
+"$PYTHON" scripts/parity_report.py --results "$RESULTS" ${REPORT_ARGS[@]+"${REPORT_ARGS[@]}"} || report_rc=$?
 
 if ((report_rc != 0)); then
     exit "$report_rc"

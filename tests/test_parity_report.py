@@ -329,6 +329,16 @@ def test_base_entry_covers_observed_parametrizations_without_an_extra_row() -> N
     assert [row.node for row in report.rows] == [f"{NODE}[a]", f"{NODE}[b]"]
 
 
+def test_upstream_notes_are_listed_once_per_test() -> None:
+    override = {"node": f"{NODE}[b]", "upstream_note": "differs for b"}
+    exp = pr.load_expectations(_toml([_entry(upstream_note="same for all"), override]))
+    results = _results(exp, {"*": _xml(_case("test_it[a]"), _case("test_it[b]"), _case("test_it[c]"))})
+    markdown = pr.render_markdown(pr.build_report(exp, results))
+    notes = markdown.split("## Notes on upstream ids")[1]
+    assert notes.count("same for all") == 1 and "`test_mod.py::test_it`: same for all" in notes
+    assert "`test_mod.py::test_it[b]`: differs for b" in notes
+
+
 def test_main_writes_both_files_and_exits_by_the_result(tmp_path: Path) -> None:
     expectations = tmp_path / "expectations.toml"
     expectations.write_text(
@@ -356,8 +366,10 @@ def test_main_writes_both_files_and_exits_by_the_result(tmp_path: Path) -> None:
     out = tmp_path / "out"
     argv = ["--results", str(results), "--expectations", str(expectations), "--out", str(out)]
 
-    assert pr.main(argv) == 0
-    assert json.loads((out / "report.json").read_text())["summary"]["fail-on-stock"] == 1
+    assert pr.main([*argv, "--tested", "abc1234"]) == 0
+    written = json.loads((out / "report.json").read_text())
+    assert written["summary"]["fail-on-stock"] == 1
+    assert written["provenance"] == {"Tested commit": "abc1234"}
     assert "| `test_mod.py::test_it` | `u` | s | pass | fail-on-stock |" in (out / "REPORT.md").read_text()
 
     (results / f"{V1}-sqlite-stock.xml").write_text(_xml(_case("test_it")))

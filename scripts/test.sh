@@ -12,6 +12,9 @@
 #   --modes fixed           HEARTBEAT_FIX_MODES      (default: fixed stock)
 #   --jobs N                HEARTBEAT_FIX_JOBS       (default: 2, the machine has 2 cores)
 #   --no-lint               HEARTBEAT_FIX_LINT=0
+#   --e2e "V:DB ..."        HEARTBEAT_FIX_E2E        (default: 3.4.0b2:sqlite 3.3.2:sqlite 3.4.0b2:postgres)
+#                           the full demo (pytest tests/e2e), after the matrix, one at a time
+#   --no-e2e                HEARTBEAT_FIX_E2E=""
 #   --cell-timeout SECONDS  HEARTBEAT_FIX_CELL_TIMEOUT (default: 600; a cell takes 1-2 min)
 #   --deadline SECONDS      HEARTBEAT_FIX_DEADLINE   (default: 4500; no cell starts later than this
 #                           after the start, so hung cells can't run past CI's 90 min limit)
@@ -42,6 +45,7 @@ parse_args() {
     MODES="$(_words "${HEARTBEAT_FIX_MODES:-fixed stock}")"
     JOBS="${HEARTBEAT_FIX_JOBS:-2}"
     LINT="${HEARTBEAT_FIX_LINT:-1}"
+    E2E="$(_words "${HEARTBEAT_FIX_E2E-3.4.0b2:sqlite 3.3.2:sqlite 3.4.0b2:postgres}")"
     CELL_TIMEOUT="${HEARTBEAT_FIX_CELL_TIMEOUT:-600}"
     DEADLINE="${HEARTBEAT_FIX_DEADLINE:-4500}"
     PYTEST_EXTRA=()
@@ -58,6 +62,9 @@ parse_args() {
             --cell-timeout) CELL_TIMEOUT="$2"; shift 2 ;;
             --deadline) DEADLINE="$2"; shift 2 ;;
             --no-lint) LINT=0; shift ;;
+            --e2e) E2E="$(_words "$2")"; shift 2 ;;
+            --e2e=*) E2E="$(_words "${1#*=}")"; shift ;;
+            --no-e2e) E2E=""; shift ;;
             -h | --help) usage; exit 0 ;;
             --) shift; PYTEST_EXTRA=("$@"); break ;;
             *) die "unknown argument '$1' (see --help)" ;;
@@ -112,6 +119,32 @@ run_test_cell() {
         "$VENVS_DIR/airflow-$version/bin/python" -m pytest tests -q -p no:randomly \
         --junitxml="$RESULTS/$cell.xml" "${PYTEST_EXTRA[@]}" \
         </dev/null >"$RESULTS/$cell.log" 2>&1 8>&-
+    rc=$?
+    set -e
+    case "$rc" in
+        0) ;;
+        5) note="no tests collected" ;;
+        124 | 137) note="timed out after ${CELL_TIMEOUT}s" ;;
+        *) note="pytest exit $rc" ;;
+    esac
+    _finish_cell "$dir" "$rc" "$t0" "$note"
+}
+
+# The full demo (stock then fixed, real scheduler, Dag processor and API server) as a pytest run.
+# Alone after the matrix: its heartbeat timing must not compete with two test cells for 2 cores.
+run_e2e_cell() {
+    local version="$1" db="$2"
+    local cell="e2e-$version-$db" t0=$SECONDS
+    local dir="$RESULTS/cells/$cell" database="" rc note=""
+    mkdir -p "$dir/home"
+    [[ "$db" == postgres ]] && database="$HEARTBEAT_FIX_PG_URL_BASE/hbfix_${CHECKOUT_TAG}_demo_${version//./_}"
+    set +e
+    env -u AIRFLOW__DATABASE__SQL_ALCHEMY_CONN -u AIRFLOW_CONFIG \
+        AIRFLOW_HOME="$dir/home" HEARTBEAT_FIX_TEST_DB_URL="sqlite:///$dir/airflow.db" \
+        HEARTBEAT_FIX_DEMO_DATABASE="$database" HEARTBEAT_FIX_CELL="$cell" \
+        timeout --kill-after=30 "$CELL_TIMEOUT" \
+        "$VENVS_DIR/airflow-$version/bin/python" -m pytest tests/e2e -q -p no:randomly \
+        --junitxml="$RESULTS/$cell.xml" </dev/null >"$RESULTS/$cell.log" 2>&1 8>&-
     rc=$?
     set -e
     case "$rc" in
@@ -253,10 +286,11 @@ main() {
     mkdir -p "$RESULTS/cells"
 
     # Venvs first, one at a time: they share the uv cache and the project's build directory.
-    local needed="$VERSIONS"
+    local needed="$VERSIONS" e
     ((LINT)) && [[ " $needed " != *" $LINT_VERSION "* ]] && needed="$needed $LINT_VERSION"
+    for e in $E2E; do [[ " $needed " != *" ${e%%:*} "* ]] && needed="$needed ${e%%:*}"; done
     for v in $needed; do ensure_venv "$v"; done
-    [[ " $DBS " == *" postgres "* ]] && ensure_postgres
+    [[ " $DBS $E2E " == *postgres* ]] && ensure_postgres
     log "setup done in $((SECONDS - t0))s"
 
     # Lint first: it's short and fills a slot while the first test cells start.
@@ -274,8 +308,21 @@ main() {
     run_queue
     log "matrix done in $((SECONDS - t0))s total"
 
-    show_failures "${CELLS[@]}"
-    summarize "${CELLS[@]}"
+    local all=("${CELLS[@]}")
+    SPECS=() CELLS=()
+    for e in $E2E; do
+        SPECS+=("run_e2e_cell ${e%%:*} ${e##*:}")
+        CELLS+=("e2e-${e%%:*}-${e##*:}")
+    done
+    if ((${#CELLS[@]})); then
+        log "running the demo end to end, one at a time: ${CELLS[*]}"
+        JOBS=1 run_queue
+        log "e2e done in $((SECONDS - t0))s total"
+        all+=("${CELLS[@]}")
+    fi
+
+    show_failures "${all[@]}"
+    summarize "${all[@]}"
 }
 
-main "$@"
+main "$@"; exit $?  # on one line: bash reads scripts lazily, and an edit during a run must not run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +18,18 @@ STATUS = str(Path(sys.executable).with_name("airflow-heartbeat-fix"))
 
 
 def _run(argv: list[str], *, enabled: bool, timeout: int = 240) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "AIRFLOW__HEARTBEAT_FIX__ENABLED": str(enabled)}
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    """Run an Airflow command; if it hangs, make it dump every thread's stack before failing."""
+    env = {**os.environ, "AIRFLOW__HEARTBEAT_FIX__ENABLED": str(enabled), "PYTHONFAULTHANDLER": "1"}
+    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # faulthandler prints where each thread is stuck
+            stdout, stderr = proc.communicate(timeout=60)
+            pytest.fail(
+                f"{argv} hung for {timeout}s\n--- stdout ---\n{stdout[-3000:]}\n--- stderr ---\n{stderr}"
+            )
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
 def _needed_fixes() -> list[str]:

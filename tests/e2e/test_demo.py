@@ -1,5 +1,5 @@
 """
-The full demo on the installed Airflow (SQLite): real ``airflow scheduler``, ``dag-processor`` and
+The full demo on the installed Airflow (SQLite, or ``HEARTBEAT_FIX_DEMO_DATABASE``): real ``airflow scheduler``, ``dag-processor`` and
 ``api-server``, stock then fixed. About two and a half minutes; run it with ``pytest tests/e2e``.
 
 Stock must really show this version's bug (the crash on 3.4.0b1/b2, duplicate callbacks on <= 3.3);
@@ -25,6 +25,8 @@ from airflow_heartbeat_fix.demo import installed_airflow_version
 from airflow_heartbeat_fix.demo_report import CALLBACK_DAG_ID, CRASH, DAG_IDS, DUPLICATES, expected_stock_bug
 
 DEMO_TIMEOUT = 600
+#: ``scripts/test.sh`` sets this for its PostgreSQL e2e cell; unset, the demo uses its embedded SQLite.
+DEMO_DATABASE = os.environ.get("HEARTBEAT_FIX_DEMO_DATABASE")
 
 
 def _demo_command() -> list[str]:
@@ -42,7 +44,14 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     started = time.monotonic()
     proc = subprocess.run(
-        [*_demo_command(), "--home", str(home), "--json", str(base / "result.json")],
+        [
+            *_demo_command(),
+            "--home",
+            str(home),
+            "--json",
+            str(base / "result.json"),
+            *(["--database", DEMO_DATABASE] if DEMO_DATABASE else []),
+        ],
         cwd=cwd,
         env=env,
         capture_output=True,

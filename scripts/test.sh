@@ -325,4 +325,5 @@ main() {
     summarize "${all[@]}"
 }
 
-main "$@"; exit $?  # on one line: bash reads scripts lazily, and an edit during a run must not run
+# One line on purpose: bash reads a script as it runs, so an edit made during a run must not be executed.
+main "$@"; exit $?

@@ -168,6 +168,18 @@ run_lint_cell() {
     _finish_cell "$dir" "$rc" "$t0" "${note:+$note failed}"
 }
 
+# The Breeze checksum override's regression tests: plain pytest, no Airflow database.
+run_breeze_overrides_cell() {
+    local cell="breeze-overrides" t0=$SECONDS rc
+    mkdir -p "$RESULTS/cells/$cell"
+    set +e
+    "$VENVS_DIR/airflow-$LINT_VERSION/bin/python" -m pytest breeze_overrides/tests -q -p no:randomly \
+        --junitxml="$RESULTS/$cell.xml" </dev/null >"$RESULTS/$cell.log" 2>&1 8>&-
+    rc=$?
+    set -e
+    _finish_cell "$RESULTS/cells/$cell" "$rc" "$t0" "$([[ $rc == 0 ]] || echo "pytest exit $rc")"
+}
+
 # Runs the cells in SPECS ("function arg...", cell name in CELLS at the same index), at most
 # $JOBS at a time. Cells that would start after the deadline are failed without running.
 run_queue() {
@@ -295,7 +307,10 @@ main() {
 
     # Lint first: it's short and fills a slot while the first test cells start.
     SPECS=() CELLS=()
-    if ((LINT)); then SPECS+=("run_lint_cell"); CELLS+=("lint"); fi
+    if ((LINT)); then
+        SPECS+=("run_lint_cell" "run_breeze_overrides_cell")
+        CELLS+=("lint" "breeze-overrides")
+    fi
     for v in $VERSIONS; do
         for d in $DBS; do
             for m in $MODES; do

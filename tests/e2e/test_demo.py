@@ -1,6 +1,7 @@
 """
-The full demo on the installed Airflow (SQLite, or ``HEARTBEAT_FIX_DEMO_DATABASE``): real ``airflow scheduler``, ``dag-processor`` and
-``api-server``, stock then fixed. About two and a half minutes; run it with ``pytest tests/e2e``.
+The full demo on the installed Airflow (SQLite, or ``HEARTBEAT_FIX_DEMO_DATABASE``): real
+``airflow scheduler``, ``dag-processor`` and ``api-server``, stock then fixed. About two and a half
+minutes; run it with ``pytest tests/e2e``.
 
 Stock must really show this version's bug (the crash on 3.4.0b1/b2, duplicate callbacks on <= 3.3);
 fixed must converge: scheduler alive, try 1 failed, try 2 created, one callback per try.

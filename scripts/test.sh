@@ -89,10 +89,22 @@ _finish_cell() {
     echo "$rc" >"$dir/rc"
 }
 
+# A pytest cell's outcome, with a note saying why it failed.
+_finish_pytest_cell() {
+    local dir="$1" rc="$2" t0="$3" note=""
+    case "$rc" in
+        0) ;;
+        5) note="no tests collected" ;;
+        124 | 137) note="timed out after ${CELL_TIMEOUT}s" ;;
+        *) note="pytest exit $rc" ;;
+    esac
+    _finish_cell "$dir" "$rc" "$t0" "$note"
+}
+
 run_test_cell() {
     local version="$1" db="$2" mode="$3"
     local cell="$version-$db-$mode" t0=$SECONDS
-    local dir="$RESULTS/cells/$cell" url rc note=""
+    local dir="$RESULTS/cells/$cell" url rc
     mkdir -p "$dir/home"
     case "$db" in
         sqlite) url="sqlite:///$dir/airflow.db" ;;   # $dir is absolute, so this is sqlite:////abs/...
@@ -121,13 +133,7 @@ run_test_cell() {
         </dev/null >"$RESULTS/$cell.log" 2>&1 8>&-
     rc=$?
     set -e
-    case "$rc" in
-        0) ;;
-        5) note="no tests collected" ;;
-        124 | 137) note="timed out after ${CELL_TIMEOUT}s" ;;
-        *) note="pytest exit $rc" ;;
-    esac
-    _finish_cell "$dir" "$rc" "$t0" "$note"
+    _finish_pytest_cell "$dir" "$rc" "$t0"
 }
 
 # The full demo (stock then fixed, real scheduler, Dag processor and API server) as a pytest run.
@@ -135,7 +141,7 @@ run_test_cell() {
 run_e2e_cell() {
     local version="$1" db="$2"
     local cell="e2e-$version-$db" t0=$SECONDS
-    local dir="$RESULTS/cells/$cell" database="" rc note=""
+    local dir="$RESULTS/cells/$cell" database="" rc
     mkdir -p "$dir/home"
     [[ "$db" == postgres ]] && database="$HEARTBEAT_FIX_PG_URL_BASE/hbfix_${CHECKOUT_TAG}_demo_${version//./_}"
     set +e
@@ -147,13 +153,7 @@ run_e2e_cell() {
         --junitxml="$RESULTS/$cell.xml" </dev/null >"$RESULTS/$cell.log" 2>&1 8>&-
     rc=$?
     set -e
-    case "$rc" in
-        0) ;;
-        5) note="no tests collected" ;;
-        124 | 137) note="timed out after ${CELL_TIMEOUT}s" ;;
-        *) note="pytest exit $rc" ;;
-    esac
-    _finish_cell "$dir" "$rc" "$t0" "$note"
+    _finish_pytest_cell "$dir" "$rc" "$t0"
 }
 
 run_lint_cell() {
@@ -177,7 +177,7 @@ run_breeze_overrides_cell() {
         --junitxml="$RESULTS/$cell.xml" </dev/null >"$RESULTS/$cell.log" 2>&1 8>&-
     rc=$?
     set -e
-    _finish_cell "$RESULTS/cells/$cell" "$rc" "$t0" "$([[ $rc == 0 ]] || echo "pytest exit $rc")"
+    _finish_pytest_cell "$RESULTS/cells/$cell" "$rc" "$t0"
 }
 
 # Runs the cells in SPECS ("function arg...", cell name in CELLS at the same index), at most

@@ -253,3 +253,15 @@ def schedule_until_finished(runner: Any, dag_run: Any, session: Session) -> None
         session.commit()
         if session.scalar(select(DagRun.state).where(DagRun.id == dag_run.id)) != DagRunState.RUNNING:
             return
+
+
+def failed_run_with_dag_callback(dag_maker: Callable[..., Any], session: Session) -> Any:
+    """A running Dag run with a Dag-level failure callback whose only task has failed."""
+    from airflow.utils.state import TaskInstanceState
+
+    dag_run = dag_maker(dag_callbacks=True)
+    (ti,) = dag_run.get_task_instances(session=session)
+    ti.state = TaskInstanceState.FAILED
+    session.merge(ti)
+    session.commit()
+    return dag_run

@@ -20,6 +20,7 @@ from tests.airflow_fixtures import (
     archives_tries,
     callback_requests,
     email_requests,
+    failed_run_with_dag_callback,
     make_running,
     report_event,
     schedule_until_finished,
@@ -115,11 +116,7 @@ def test_dag_callbacks_sent_from_do_scheduling_are_stored(dag_maker, scheduler_r
     """``_do_scheduling`` relied on the stock sink's commit: a Dag-level failure callback must survive."""
     from airflow.callbacks.callback_requests import DagCallbackRequest
 
-    dag_run = dag_maker(dag_callbacks=True)
-    (ti,) = dag_run.get_task_instances(session=session)
-    ti.state = TaskInstanceState.FAILED
-    session.merge(ti)
-    session.commit()
+    dag_run = failed_run_with_dag_callback(dag_maker, session)
 
     schedule_until_finished(scheduler_runner, dag_run, session)
 

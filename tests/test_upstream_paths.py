@@ -23,6 +23,7 @@ from tests.airflow_fixtures import (
     TaskSpec,
     archives_tries,
     callback_requests,
+    failed_run_with_dag_callback,
     make_running,
     report_event,
     schedule_until_finished,
@@ -129,11 +130,7 @@ def test_dagrun_callbacks_commited_before_sent(dag_maker, scheduler_runner, sess
     """When a Dag callback is sent, another connection already sees the run's final state."""
     from airflow.utils.session import create_session
 
-    dag_run = dag_maker(dag_callbacks=True)
-    (ti,) = dag_run.get_task_instances(session=session)
-    ti.state = TaskInstanceState.FAILED
-    session.merge(ti)
-    session.commit()
+    dag_run = failed_run_with_dag_callback(dag_maker, session)
     seen_by_others: list[str | None] = []
     send = scheduler_runner._send_dag_callbacks_to_processor
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,17 +20,34 @@ STATUS = str(Path(sys.executable).with_name("airflow-heartbeat-fix"))
 
 
 def _run(argv: list[str], *, enabled: bool, timeout: int = 240) -> subprocess.CompletedProcess[str]:
-    """Run an Airflow command; if it hangs, make it dump every thread's stack before failing."""
+    """
+    Run an Airflow command and wait for *it* to exit, not for every process it forked.
+
+    Output goes to files rather than pipes: a leftover child (an executor worker) holding an inherited
+    pipe would keep ``communicate()`` waiting long after the command itself exited. The command runs in
+    its own session, killed as a group afterwards. If it hangs, ``PYTHONFAULTHANDLER`` plus SIGABRT
+    dumps every thread's stack into the failure message.
+    """
     env = {**os.environ, "AIRFLOW__HEARTBEAT_FIX__ENABLED": str(enabled), "PYTHONFAULTHANDLER": "1"}
-    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True)
         try:
-            stdout, stderr = proc.communicate(timeout=timeout)
+            proc.wait(timeout=timeout)
+            hung = False
         except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGABRT)  # faulthandler prints where each thread is stuck
-            stdout, stderr = proc.communicate(timeout=60)
-            pytest.fail(
-                f"{argv} hung for {timeout}s\n--- stdout ---\n{stdout[-3000:]}\n--- stderr ---\n{stderr}"
-            )
+            hung = True
+            proc.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if hung:
+        pytest.fail(f"{argv} hung for {timeout}s\n--- stdout ---\n{stdout[-3000:]}\n--- stderr ---\n{stderr}")
     return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 

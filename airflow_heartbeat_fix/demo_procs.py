@@ -87,10 +87,10 @@ class Processes:
     def env(self, base: dict[str, str]) -> dict[str, str]:
         return {**base, MARKER_ENV: self.marker}
 
-    def start(self, name: str, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> Component:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = log_path.open("ab")
-        popen = subprocess.Popen(
+    def _popen(
+        self, argv: list[str], env: dict[str, str], log_file: IO[bytes], cwd: Path
+    ) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             argv,
             env=self.env(env),
             cwd=cwd,
@@ -99,6 +99,11 @@ class Processes:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches the demo only; it stops the rest itself
         )
+
+    def start(self, name: str, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> Component:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = log_path.open("ab")
+        popen = self._popen(argv, env, log_file, cwd)
         component = Component(name=name, popen=popen, log_path=log_path, log_file=log_file)
         self.components[name] = component
         return component
@@ -112,18 +117,7 @@ class Processes:
         """
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as log_file:
-            popens = [
-                subprocess.Popen(
-                    argv,
-                    env=self.env(env),
-                    cwd=cwd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-                for argv in argvs
-            ]
+            popens = [self._popen(argv, env, log_file, cwd) for argv in argvs]
             deadline = time.monotonic() + timeout
             try:
                 for popen in popens:

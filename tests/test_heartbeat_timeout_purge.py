@@ -8,7 +8,6 @@ these run unchanged against stock code and must pass.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -34,7 +33,6 @@ pytestmark = pytest.mark.fix(PURGE_FIX)
 #: A retry on 3.4.0b1/b2 archives the try: with the stock sink that is the UniqueViolation crash.
 RETRY_CRASHES_STOCK_34 = pytest.mark.fix(SINK_FIX, when=archives_tries())
 
-ON_POSTGRES = os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql")
 LEFT_RUNNING = (TaskInstanceState.RUNNING, TaskInstanceState.RESTARTING)
 
 
@@ -210,7 +208,7 @@ def test_heartbeat_timeout_skips_ti_completed_while_batch_is_purged(dag_maker, s
 
 
 @RETRY_CRASHES_STOCK_34
-@pytest.mark.skipif(not ON_POSTGRES, reason="row locks need PostgreSQL; SQLite has none")
+@pytest.mark.postgres_only
 def test_heartbeat_timeout_scan_skips_rows_locked_by_another_scheduler(dag_maker, scheduler_runner, session):
     from airflow.utils.session import create_session
 

@@ -11,7 +11,7 @@ and the declared expectations, writes ``parity/REPORT.md`` and ``parity/report.j
 expectations file is invalid. Standard library only.
 
 Cell values: ``pass``; ``fail-on-stock`` (failed on stock Airflow, as declared: the suite's strict
-xfail); ``n/a`` (declared not applicable, and skipped); ``missing`` (no result; unexpected);
+xfail); ``n/a`` (declared not applicable, and skipped or not collected); ``missing`` (no result; unexpected);
 ``FAIL`` (anything else that differs from the declaration).
 """
 
@@ -496,7 +496,8 @@ def render_markdown(report: Report) -> str:
         "",
         "Values: `pass`; `fail-on-stock` = failed on stock Airflow where that version has the bug, as "
         "declared (the suite's strict xfail, attributed to the declared bug); `n/a` = declared not "
-        "applicable and skipped; `missing` = no result; **FAIL** = differs from the declaration (see below).",
+        "applicable and skipped or not collected there; `missing` = no result; **FAIL** = differs from "
+        "the declaration (see below).",
         "Fixed mode must pass in every applicable cell.",
         "",
         "Bugs (stock):",

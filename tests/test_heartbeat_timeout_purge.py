@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from airflow.models.serialized_dag import SerializedDagModel
 from airflow.models.taskinstance import TaskInstance
 from airflow.utils.state import TaskInstanceState
-from sqlalchemy import text, update
+from sqlalchemy import delete, text, update
 
 from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX
 from tests.airflow_fixtures import (
@@ -158,6 +159,27 @@ def test_heartbeat_timeout_honours_fail_fast(dag_maker, scheduler_runner, sessio
 
     assert _state_of_try(session, by_id["stall"], 1) == TaskInstanceState.FAILED
     assert tries(session, by_id["downstream"])[-1][1] in (TaskInstanceState.SKIPPED, TaskInstanceState.FAILED)
+
+
+def test_heartbeat_timeout_without_serialized_dag_still_fails_ti(dag_maker, scheduler_runner, session, capfd):
+    """The Dag cannot be loaded: the task instance still fails, without task context, and the log says why."""
+    ti = _hung(dag_maker, scheduler_runner, session)
+    session.execute(delete(SerializedDagModel).where(SerializedDagModel.dag_id == ti.dag_id))
+    session.commit()
+    session.expire_all()  # the DagVersion in the identity map still holds the deleted serialized Dag
+    scheduler_runner.scheduler_dag_bag.clear_cache()
+    capfd.readouterr()
+
+    _purge(scheduler_runner, session)
+
+    assert _state_of_try(session, ti, 1) == TaskInstanceState.FAILED
+    logged = capfd.readouterr()
+    why = [
+        line
+        for line in (logged.out + logged.err).splitlines()
+        if "heartbeat-timed-out task instance" in line and ti.dag_id in line
+    ]
+    assert why, "the purge did not log why it failed the task instance without task context"
 
 
 def test_heartbeat_timeout_skips_ti_completed_after_scan(dag_maker, scheduler_runner, session):

@@ -380,6 +380,25 @@ class TestHeartbeatFixScheduler:
         assert _state_of_try(session, stall, 1) == TaskInstanceState.FAILED
         assert _final_state(session, downstream) in (TaskInstanceState.SKIPPED, TaskInstanceState.FAILED)
 
+    def test_heartbeat_timeout_without_serialized_dag_still_fails_ti(self, dag_maker, session, capfd):
+        """The Dag cannot be loaded: the task instance still fails, without task context; the log says why."""
+        self._create_job_runner(session)
+        ti = self._hung_ti(dag_maker, session, "hb_no_serialized_dag")
+        session.execute(delete(SerializedDagModel).where(SerializedDagModel.dag_id == ti.dag_id))
+        session.commit()
+        session.expire_all()  # the DagVersion in the identity map still holds the deleted serialized Dag
+        self.job_runner.scheduler_dag_bag.clear_cache()
+        capfd.readouterr()
+
+        self._purge(session)
+
+        assert _state_of_try(session, ti, 1) == TaskInstanceState.FAILED
+        logged = capfd.readouterr()
+        assert any(
+            "heartbeat-timed-out task instance" in line and ti.dag_id in line
+            for line in (logged.out + logged.err).splitlines()
+        )
+
     def test_heartbeat_timeout_skips_ti_completed_after_scan(self, dag_maker, session):
         """A worker commits SUCCESS between the scan and the purge: no failure callback, SUCCESS kept."""
         self._create_job_runner(session)

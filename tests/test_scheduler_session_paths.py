@@ -3,7 +3,9 @@ Every scheduler path that fails a retryable task instance after sending a callba
 
 On Airflow 3.4.0b1/b2 the stock sink detaches the task instance before ``handle_failure`` archives the
 try, and the insert of the next try raises ``IntegrityError`` on ``task_instance_current_key``. Airflow
-3.2/3.3 do not archive tries, so there these tests show the same paths still end in the right state.
+3.2/3.3 do not archive tries, so there these tests show the same paths still end in the right state;
+the Dag-lookup-failure test also checks that the rest of the batch stays attached, which stock 3.2/3.3
+break too.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from airflow.models.taskinstance import TaskInstance
 from airflow.utils.state import DagRunState, TaskInstanceState
 from sqlalchemy import delete, select
 
@@ -91,25 +94,44 @@ def test_executor_event_email_request_does_not_crash_scheduler(dag_maker, schedu
     assert request.email_type == "retry"
 
 
-@pytest.mark.fix(SINK_FIX, when=ARCHIVES_TRIES)
-def test_executor_event_missing_dag_keeps_batch_attached(dag_maker, scheduler_runner, session):
-    """The Dag-lookup-failure branch must not end the session the rest of the batch lives in."""
+@pytest.mark.fix(SINK_FIX)
+@pytest.mark.parametrize("orphan_first", [True, False], ids=["orphan_first", "orphan_last"])
+def test_executor_event_missing_dag_keeps_batch_attached(dag_maker, scheduler_runner, session, orphan_first):
+    """
+    The Dag-lookup-failure branch must not end the session the rest of the batch lives in.
+
+    The batch query has no ORDER BY, so both creation orders are run: stock Airflow either breaks the
+    task instance handled after the orphan (on 3.4 the retry's insert collides) or detaches the ones
+    handled before it.
+    """
     from airflow.models.serialized_dag import SerializedDagModel
 
-    orphan = _running_ti(dag_maker, scheduler_runner, session, task_id="orphan", callbacks=True)
-    retryable = _running_ti(dag_maker, scheduler_runner, session, retries=1)
+    def orphan_ti() -> Any:
+        return _running_ti(dag_maker, scheduler_runner, session, task_id="orphan", callbacks=True)
+
+    def retryable_ti() -> Any:
+        return _running_ti(dag_maker, scheduler_runner, session, retries=1)
+
+    if orphan_first:
+        orphan, retryable = orphan_ti(), retryable_ti()
+    else:
+        retryable, orphan = retryable_ti(), orphan_ti()
     session.execute(delete(SerializedDagModel).where(SerializedDagModel.dag_id == orphan.dag_id))
     session.commit()
     session.expunge_all()  # nothing may still hold the deleted serialized Dag
+    # The batch's query hands back this same object (identity map), whichever order it returns the rows in.
+    batch_member = session.get(TaskInstance, retryable.id)
     report_event(scheduler_runner.executor, orphan, TaskInstanceState.FAILED)
     report_event(scheduler_runner.executor, retryable, TaskInstanceState.FAILED)
 
     scheduler_runner._process_executor_events(scheduler_runner.executor, session)
+    still_attached = batch_member in session
     session.commit()
 
     assert tries(session, orphan)[-1][1] == TaskInstanceState.FAILED
     assert task_callbacks(session, orphan) == [], "the Dag was found: the lookup-failure branch did not run"
     assert_retried_once(session, retryable)
+    assert still_attached, "the Dag-lookup-failure branch closed the scheduler's session mid-batch"
 
 
 def test_dag_callbacks_sent_from_do_scheduling_are_stored(dag_maker, scheduler_runner, session):

@@ -521,18 +521,35 @@ class TestHeartbeatFixScheduler:
         (request,) = _email_requests(session, ti)
         assert request.email_type == "retry"
 
-    def test_executor_event_missing_dag_keeps_batch_attached(self, dag_maker, session):
-        """The Dag-lookup-failure branch must not end the session the rest of the batch lives in."""
+    @pytest.mark.parametrize("orphan_first", [True, False], ids=["orphan_first", "orphan_last"])
+    def test_executor_event_missing_dag_keeps_batch_attached(self, dag_maker, session, orphan_first):
+        """
+        The Dag-lookup-failure branch must not end the session the rest of the batch lives in.
+
+        The batch query has no ORDER BY, so both creation orders are run.
+        """
         self._create_job_runner(session)
-        orphan = self._hung_ti(dag_maker, session, "batch_orphan", task_id="orphan", callbacks=True)
-        retryable = self._hung_ti(dag_maker, session, "batch_retryable", retries=1)
+
+        def orphan_ti() -> TaskInstance:
+            return self._hung_ti(dag_maker, session, "batch_orphan", task_id="orphan", callbacks=True)
+
+        def retryable_ti() -> TaskInstance:
+            return self._hung_ti(dag_maker, session, "batch_retryable", retries=1)
+
+        if orphan_first:
+            orphan, retryable = orphan_ti(), retryable_ti()
+        else:
+            retryable, orphan = retryable_ti(), orphan_ti()
         session.execute(delete(SerializedDagModel).where(SerializedDagModel.dag_id == orphan.dag_id))
         session.commit()
         session.expunge_all()  # nothing may still hold the deleted serialized Dag
+        # The batch's query hands back this same object (identity map), whatever order it returns rows in.
+        batch_member = session.get(TaskInstance, retryable.id)
         _report_event(self.job_runner.executor, orphan, TaskInstanceState.FAILED)
         _report_event(self.job_runner.executor, retryable, TaskInstanceState.FAILED)
 
         self.job_runner._process_executor_events(self.job_runner.executor, session)
+        still_attached = batch_member in session
         session.commit()
 
         assert _final_state(session, orphan) == TaskInstanceState.FAILED
@@ -540,6 +557,7 @@ class TestHeartbeatFixScheduler:
             "the Dag was found: the lookup-failure branch did not run"
         )
         _assert_retried_once(session, retryable)
+        assert still_attached, "the Dag-lookup-failure branch closed the scheduler's session mid-batch"
 
     def test_dag_callbacks_sent_from_do_scheduling_are_stored(self, dag_maker, session):
         """``_do_scheduling`` relied on the stock sink's commit: a Dag-level failure callback must survive."""

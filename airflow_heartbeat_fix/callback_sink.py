@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from airflow import settings
 from airflow.callbacks.database_callback_sink import DatabaseCallbackSink
+
+from airflow_heartbeat_fix._compat import scoped_session
 
 if TYPE_CHECKING:
     from airflow.callbacks.callback_requests import CallbackRequest
@@ -27,9 +28,3 @@ class SessionPreservingCallbackSink(DatabaseCallbackSink):
     def send(self, callback: CallbackRequest, *, session: Session | None = None) -> None:
         super().send(callback, session=session if session is not None else scoped_session())
 
-
-def scoped_session() -> Session:
-    """The thread's scoped session: the one ``create_session()`` hands the scheduler loop."""
-    if settings.Session is None:
-        raise RuntimeError("Airflow's ORM is not configured (settings.Session is None)")
-    return settings.Session()

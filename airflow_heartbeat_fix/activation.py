@@ -224,4 +224,3 @@ def describe(decided: dict[str, FixDecision]) -> list[dict[str, str]]:
     return [
         {"fix": d.fix, "state": d.state.value, "reason": d.reason, "title": FIX_TITLES[d.fix]} for d in rows
     ]
-

@@ -27,4 +27,3 @@ class SessionPreservingCallbackSink(DatabaseCallbackSink):
 
     def send(self, callback: CallbackRequest, *, session: Session | None = None) -> None:
         super().send(callback, session=session if session is not None else scoped_session())
-

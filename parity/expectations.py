@@ -99,6 +99,28 @@ class Expectations:
         return next((na.reason for na in entry.not_applicable if na.covers(version, db, mode)), None)
 
 
+def disagreements_with_detection(
+    expectations: Expectations, version: str, not_needed: set[str] | frozenset[str]
+) -> list[str]:
+    """Where the file and feature detection disagree about Airflow ``version``; empty if nowhere.
+
+    ``not_needed``: the fixes detection reports as "not needed" on that Airflow. A release listed under
+    a bug must need that bug's fix; a release listed under no bug of a fix must not.
+    """
+    if version not in expectations.versions:
+        return [f"Airflow {version} is not in [matrix].versions {list(expectations.versions)}"]
+    problems = []
+    for fix in sorted({bug.fix for bug in expectations.bugs.values()}):
+        present = [b.name for b in expectations.bugs.values() if b.fix == fix and version in b.versions]
+        if present and fix in not_needed:
+            problems.append(
+                f"it lists {present} on Airflow {version}, but detection says {fix} is not needed"
+            )
+        if not present and fix not in not_needed:
+            problems.append(f"it lists no bug of {fix} on Airflow {version}, but detection says it is needed")
+    return problems
+
+
 def base_node(nodeid: str) -> str:
     """``nodeid`` without its parameter id: ``a.py::T::test[x-y]`` -> ``a.py::T::test``."""
     return nodeid.split("[", 1)[0]
@@ -228,6 +250,7 @@ __all__ = [
     "Source",
     "TestExpectation",
     "base_node",
+    "disagreements_with_detection",
     "load",
     "parse",
 ]

@@ -34,7 +34,7 @@ if importlib.util.find_spec("tests_common") is None:
 import pytest  # noqa: E402
 from sqlalchemy.exc import IntegrityError  # noqa: E402
 
-from parity.expectations import Expectations, ExpectationsError, load  # noqa: E402
+from parity.expectations import Expectations, ExpectationsError, disagreements_with_detection, load  # noqa: E402
 
 pytest_plugins = ["tests_common.pytest_plugin"]
 
@@ -46,29 +46,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # Become a scheduler process: importing the scheduler command is what triggers activation
     # (through the airflow.policy entry point) in `airflow scheduler`.
     import airflow.cli.commands.scheduler_command  # noqa: F401
-
-
-def detection_disagreements(expectations: Expectations, version: str, not_needed: set[str]) -> list[str]:
-    """Where ``expectations.toml`` and feature detection disagree about ``version``; empty if nowhere.
-
-    ``not_needed``: the fixes detection reports as "not needed (present upstream)" on this Airflow.
-    """
-    if version not in expectations.versions:
-        return [f"Airflow {version} is not in [matrix].versions {list(expectations.versions)}"]
-    problems = []
-    for fix in sorted({bug.fix for bug in expectations.bugs.values()}):
-        present = [
-            bug.name for bug in expectations.bugs.values() if bug.fix == fix and version in bug.versions
-        ]
-        if present and fix in not_needed:
-            problems.append(
-                f"it declares {present} on Airflow {version}, but detection says {fix} is not needed"
-            )
-        if not present and fix not in not_needed:
-            problems.append(
-                f"no bug of {fix} is declared for Airflow {version}, but detection says it is needed"
-            )
-    return problems
 
 
 def _stock_xfail(expectations: Expectations, item: pytest.Item, version: str) -> pytest.MarkDecorator | None:
@@ -94,7 +71,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     except ExpectationsError as error:
         raise pytest.UsageError(f"parity/expectations.toml: {error}") from error
     not_needed = {fix for fix, decision in decisions().items() if decision.state is FixState.NOT_NEEDED}
-    if problems := detection_disagreements(expectations, version, not_needed):
+    if problems := disagreements_with_detection(expectations, version, not_needed):
         raise pytest.UsageError(
             "parity/expectations.toml contradicts feature detection: " + "; ".join(problems)
         )

@@ -198,9 +198,11 @@ def _base(node: str) -> str:
 def build_report(
     expectations: Expectations, results: dict[Cell, dict[str, Result]], unusable: dict[Cell, str]
 ) -> Report:
-    """Judge every declared test in every matrix cell (and any extra cell that has results)."""
+    """Judge every declared test in every matrix cell, and in any other release's cell that has results."""
     matrix = matrix_cells(expectations)
-    cells = matrix + sorted(set(results) - set(matrix))
+    extra = {cell for cell in results if cell.db in expectations.dbs and cell.mode in expectations.modes}
+    cells = matrix + sorted(extra - set(matrix))
+    results = {cell: cell_results for cell, cell_results in results.items() if cell in cells}
     seen = list(dict.fromkeys(node for cell_results in results.values() for node in cell_results))
     undeclared = [
         node

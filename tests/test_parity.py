@@ -146,6 +146,18 @@ def test_results_in_subfolders(toml: Path, results: Path) -> None:
     assert run(toml, results) == 0
 
 
+def test_another_release_gets_its_own_column(toml: Path, results: Path) -> None:
+    """A sweep cell of a release outside [matrix] is judged by [bugs] like the others; other files ignored."""
+    cell = Cell("3.3.0", "sqlite", "stock")  # the fixture declares no bug in 3.3.0: stock passes
+    write_cell(results, cell, as_declared(Cell(V2, "sqlite", "fixed")))
+    write_cell(results, Cell("e2e", "3.4.0b2", "sqlite"), {"test_purge": '<failure message="x" />'})
+    (results / "lint.xml").write_text("not xml", encoding="utf-8")
+    assert run(toml, results) == 0
+    report = (toml.parent / "REPORT.md").read_text()
+    assert "| 3.3.0<br>sqlite<br>stock |" in report
+    assert "| 3.3.0 | not needed (3 stock passes) | not needed (1 stock passes) |" in report
+
+
 def test_stock_pass_where_a_bug_is_declared(
     toml: Path, results: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

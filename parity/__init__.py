@@ -1,4 +1,5 @@
 """
-Upstream parity: every declared test, in every cell of the matrix (release x database x fixed/stock),
-checked against ``expectations.toml``. Run it as ``python -m parity --results DIR``.
+Parity between this package's tests and upstream Airflow's: ``expectations.toml`` declares which release
+carries which bug and which test catches it; ``python -m parity --results DIR`` checks every declared
+test in every cell (release x database x fixed/stock) of a test run against it.
 """

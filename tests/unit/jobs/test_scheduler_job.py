@@ -218,8 +218,7 @@ def _clean_db() -> None:
 
 
 @pytest.mark.need_serialized_dag
-@pytest.mark.usefixtures("testing_dag_bundle")
-class TestHeartbeatFixScheduler:
+class TestSchedulerJob:
     job_runner: Any
 
     @pytest.fixture(autouse=True)
@@ -269,12 +268,10 @@ class TestHeartbeatFixScheduler:
         session.commit()
         return found
 
-    def _schedule_until_finished(self, dag_run: DagRun, session: Session) -> None:
-        for _ in range(10):
-            self.job_runner._do_scheduling(session)
-            session.commit()
-            if session.scalar(select(DagRun.state).where(DagRun.id == dag_run.id)) != DagRunState.RUNNING:
-                return
+    def _schedule(self, session: Session) -> None:
+        """One scheduling loop pass, committed as the loop commits it."""
+        self.job_runner._do_scheduling(session)
+        session.commit()
 
     def _running_dag_with_failed_task(self, dag_maker: DagMaker, session: Session, dag_id: str) -> DagRun:
         """An unpaused Dag whose run is RUNNING and whose only task has FAILED: the run fails next loop."""
@@ -322,10 +319,12 @@ class TestHeartbeatFixScheduler:
         ("retries", "try_number", "restarting", "expected"),
         [
             pytest.param(0, 1, False, TaskInstanceState.FAILED, id="no_retries"),
-            pytest.param(2, 1, False, TaskInstanceState.UP_FOR_RETRY, id="first_try_with_retries"),
-            pytest.param(2, 2, False, TaskInstanceState.UP_FOR_RETRY, id="middle_try"),
+            pytest.param(2, 1, False, TaskInstanceState.UP_FOR_RETRY, id="retries_available_first_attempt"),
+            pytest.param(2, 2, False, TaskInstanceState.UP_FOR_RETRY, id="retries_available_mid_chain"),
             pytest.param(2, 3, False, TaskInstanceState.FAILED, id="retries_exhausted"),
-            pytest.param(0, 1, True, TaskInstanceState.UP_FOR_RETRY, id="restarting"),
+            pytest.param(
+                1, 5, True, TaskInstanceState.UP_FOR_RETRY, id="restarting_stays_eligible_past_max_tries"
+            ),
         ],
     )
     def test_heartbeat_timeout_sets_callback_type_by_retry_eligibility(
@@ -560,7 +559,7 @@ class TestHeartbeatFixScheduler:
         self._create_job_runner(session)
         dag_run = self._running_dag_with_failed_task(dag_maker, session, "do_scheduling_callbacks")
 
-        self._schedule_until_finished(dag_run, session)
+        self._schedule(session)
 
         stored = [r for r in _callback_requests(session) if isinstance(r, DagCallbackRequest)]
         assert [(r.dag_id, r.is_failure_callback) for r in stored] == [(dag_run.dag_id, True)]
@@ -728,7 +727,7 @@ class TestHeartbeatFixScheduler:
         with mock.patch.object(
             self.job_runner, "_send_dag_callbacks_to_processor", side_effect=record_committed_state
         ):
-            self._schedule_until_finished(dag_run, session)
+            self._schedule(session)
 
         assert seen_by_others == [DagRunState.FAILED]
 
@@ -751,7 +750,7 @@ class TestHeartbeatFixScheduler:
         )
         session.commit()
 
-        self._schedule_until_finished(dag_run, session)
+        self._schedule(session)
 
         stored = [r for r in _callback_requests(session) if isinstance(r, DagCallbackRequest)]
         assert [(r.dag_id, r.run_id, r.is_failure_callback, r.msg) for r in stored] == [

@@ -21,6 +21,12 @@ def _note_owner(node: str, expectations: Expectations) -> str:
     return node
 
 
+def _short(node: str) -> str:
+    """``airflow-core/tests/unit/jobs/test_x.py::T::t`` -> ``test_x.py::T::t``: the table is wide enough."""
+    module, _, rest = node.partition("::")
+    return f"`{module.rsplit('/', 1)[-1]}::{rest}`" if rest else f"`{node}`"
+
+
 def summary(report: Report) -> str:
     counts = ", ".join(f"{n} {kind}" for kind, n in report.counts().items())
     return f"{len(report.rows)} declared tests x {len(report.cells)} cells: {counts}"
@@ -69,8 +75,8 @@ def markdown(report: Report, expectations: Expectations, provenance: dict[str, s
         ["Test", "Upstream test", "Source", *(f"{c.version}<br>{c.db}<br>{c.mode}" for c in report.cells)],
         [
             [
-                f"`{row.node.removeprefix('tests/')}`",
-                f"`{row.expectation.upstream}`" if row.expectation.upstream else "none",
+                _short(row.node),
+                _short(row.expectation.upstream) if row.expectation.upstream else "none",
                 row.expectation.source,
                 *(row.verdicts[cell].label for cell in report.cells),
             ]
@@ -84,7 +90,7 @@ def markdown(report: Report, expectations: Expectations, provenance: dict[str, s
     )
     if any(note for _, note in notes):
         lines += ["", "## Notes on upstream ids", ""]
-        lines += [f"- `{node.removeprefix('tests/')}`: {note}" for node, note in notes if note]
+        lines += [f"- {_short(node)}: {note}" for node, note in notes if note]
     return "\n".join(lines) + "\n"
 
 

@@ -2,7 +2,7 @@
 The demo's decisions (rows and logs in, results and tables out) and its process cleanup.
 
 The full demo (real scheduler, Dag processor and API server, about two minutes per Airflow version) is
-``tests/e2e/test_demo.py``, run with ``pytest tests/e2e``.
+``tests/e2e/test_demo.py``, marked ``e2e``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import jinja2
 import psutil
 import pytest
 
-from airflow_heartbeat_fix import demo, demo_dags, demo_email, demo_procs
-from airflow_heartbeat_fix import demo_report as report
-from airflow_heartbeat_fix.demo_report import DagOutcome, RunResult, SchedulerOutcome, TryRow
+from airflow_heartbeat_fix import demo
+from airflow_heartbeat_fix.demo import email_backend, processes, report, run
+from airflow_heartbeat_fix.demo.report import DagOutcome, RunResult, SchedulerOutcome, TryRow
+from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX, FixState
 
 CB = report.CALLBACK_DAG_ID
 RETRY = report.RETRY_DAG_ID
@@ -133,22 +134,40 @@ def test_find_fix_summary() -> None:
     assert report.find_fix_summary("no such line\n") == {}
 
 
+ACTIVE, NOT_NEEDED = FixState.ACTIVE.value, FixState.NOT_NEEDED.value
+UNSUPPORTED = FixState.UNSUPPORTED.value
+
+
 @pytest.mark.parametrize(
-    ("version", "bug"),
+    ("needed", "bug"),
     [
-        ("3.4.0b1", report.CRASH),
-        ("3.4.0b2", report.CRASH),
-        ("3.3.2", report.DUPLICATES),
-        ("3.2.2", report.DUPLICATES),
-        ("3.4.0", None),
-        ("3.4.0rc1", None),
+        pytest.param({SINK_FIX: ACTIVE, PURGE_FIX: NOT_NEEDED}, report.CRASH, id="converged-purge-old-sink"),
+        pytest.param({SINK_FIX: ACTIVE, PURGE_FIX: ACTIVE}, report.DUPLICATES, id="unconverged-purge"),
+        pytest.param({SINK_FIX: NOT_NEEDED, PURGE_FIX: NOT_NEEDED}, None, id="both-upstream"),
+        pytest.param({SINK_FIX: UNSUPPORTED, PURGE_FIX: UNSUPPORTED}, None, id="unrecognised"),
+        pytest.param({}, None, id="not-probed"),
     ],
 )
-def test_expected_stock_bug(version: str, bug: str | None) -> None:
-    assert report.expected_stock_bug(version) == bug
+def test_expected_stock_bug_follows_detection(needed: dict[str, str], bug: str | None) -> None:
+    assert report.expected_stock_bug(needed) == bug
+
+
+def test_features_probe_reads_this_airflow() -> None:
+    """The demo's only source for "which bug": the package's detection on the installed Airflow."""
+    from airflow_heartbeat_fix import activation, detection
+    from airflow_heartbeat_fix.demo import features
+
+    found = features.read()
+    decided = detection.decide(activation.facts(), enabled=True)
+    assert found["needed_fixes"] == {fix: d.state.value for fix, d in decided.items()}
+    assert isinstance(found["emails_via_backend"], bool)
 
 
 # --- verdicts -------------------------------------------------------------------------------------
+
+
+CRASH_NEEDS = {SINK_FIX: ACTIVE, PURGE_FIX: NOT_NEEDED}
+DUPLICATES_NEEDS = {SINK_FIX: ACTIVE, PURGE_FIX: ACTIVE}
 
 
 def _converged(version: str = "3.4.0b2", **changes: object) -> RunResult:
@@ -173,6 +192,7 @@ def _converged(version: str = "3.4.0b2", **changes: object) -> RunResult:
         converge_seconds=27.0,
         elapsed_seconds=70.0,
         stop_reason="Dag runs finished, callbacks settled",
+        needed_fixes=dict(CRASH_NEEDS),
     )
     for name, value in changes.items():
         setattr(result, name, value)
@@ -203,34 +223,35 @@ def test_fixed_problems_duplicates_crash_missing_retry_and_leftovers() -> None:
 
 
 def test_fixed_problems_email_only_counted_where_the_backend_is_used() -> None:
-    result = _converged(version="3.2.2")
+    result = _converged(version="3.2.2", emails_via_backend=False)
     result.dags[CB].emails = {}
     assert report.fixed_problems(result) == []
-    result.airflow_version = "3.3.2"
+    result.emails_via_backend = True
     assert report.fixed_problems(result) == [f"{CB}: try 1 did not get exactly one email"]
 
 
 def test_callbacks_complete_waits_for_each_failed_try() -> None:
     result = _converged()
-    assert report.callbacks_complete(result.dags, "3.4.0b2")
+    assert report.callbacks_complete(result.dags, emails_via_backend=True)
     del result.dags[CB].emails[2]
-    assert not report.callbacks_complete(result.dags, "3.4.0b2")
-    assert report.callbacks_complete(result.dags, "3.2.2")  # no emails counted there
+    assert not report.callbacks_complete(result.dags, emails_via_backend=True)
+    assert report.callbacks_complete(result.dags, emails_via_backend=False)  # no emails counted there
     del result.dags[CB].callbacks[2]
-    assert not report.callbacks_complete(result.dags, "3.2.2")
+    assert not report.callbacks_complete(result.dags, emails_via_backend=False)
     result.dags[CB].tries[1] = TryRow("stall", 2, "running", "current")
-    assert report.callbacks_complete(result.dags, "3.2.2")
+    assert report.callbacks_complete(result.dags, emails_via_backend=False)
 
 
 def test_stock_reproduced_crash_and_duplicates() -> None:
     crashed = _converged(fix_enabled=False, scheduler=SchedulerOutcome(alive=False, crashed=True))
     assert report.stock_reproduced(crashed) is True
     assert report.stock_reproduced(_converged(fix_enabled=False)) is False
-    duplicated = _converged(version="3.3.2", fix_enabled=False)
+    duplicated = _converged(version="3.3.2", fix_enabled=False, needed_fixes=DUPLICATES_NEEDS)
     assert report.stock_reproduced(duplicated) is False
     duplicated.dags[CB].callbacks[2]["on_failure_callback"] = 2
     assert report.stock_reproduced(duplicated) is True
-    assert report.stock_reproduced(_converged(version="3.4.0", fix_enabled=False)) is None
+    upstream = {SINK_FIX: NOT_NEEDED, PURGE_FIX: NOT_NEEDED}
+    assert report.stock_reproduced(_converged(fix_enabled=False, needed_fixes=upstream)) is None
 
 
 def test_render_table_side_by_side() -> None:
@@ -264,9 +285,9 @@ def test_render_table_side_by_side() -> None:
 
 def test_progress_line_and_phase() -> None:
     dags = {CB: DagOutcome(CB, "running", [TryRow("stall", 1, "running", "current")])}
-    assert demo.run_phase(dags) == "task frozen; waiting for heartbeat timeout"
+    assert run.run_phase(dags) == "task frozen; waiting for heartbeat timeout"
     assert report.progress_line(dags) == (f"{RETRY}: no run yet; {CB}: try 1 running; callbacks 0, emails 0")
-    assert demo.run_phase({}) == "waiting for Dag runs"
+    assert run.run_phase({}) == "waiting for Dag runs"
 
 
 # --- demo glue decisions --------------------------------------------------------------------------
@@ -302,12 +323,12 @@ def test_should_stop(kwargs: dict[str, object], reason: str | None) -> None:
         "settle": 8.0,
         **kwargs,
     }
-    assert demo.should_stop(**args) == reason  # type: ignore[arg-type]
+    assert run.should_stop(**args) == reason  # type: ignore[arg-type]
 
 
 def test_airflow_env_is_isolated_and_sets_the_switch(tmp_path: Path) -> None:
     base = {"PATH": "/bin", "AIRFLOW_HOME": "/elsewhere", "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor"}
-    env = demo.airflow_env(
+    env = run.airflow_env(
         base,
         home=tmp_path,
         database_url="sqlite:///x.db",
@@ -323,46 +344,38 @@ def test_airflow_env_is_isolated_and_sets_the_switch(tmp_path: Path) -> None:
     assert env["AIRFLOW__HEARTBEAT_FIX__ENABLED"] == "False"
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:8765/execution/"
     assert env["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] == "10"
-    assert env["AIRFLOW__EMAIL__EMAIL_BACKEND"] == "airflow_heartbeat_fix.demo_email.send_email"
+    assert env["AIRFLOW__EMAIL__EMAIL_BACKEND"] == "airflow_heartbeat_fix.demo.email_backend.send_email"
     assert env["TMPDIR"] == str(tmp_path / "tmp")
 
 
 def test_bytecode_env_caches_in_the_home_only_when_needed(tmp_path: Path) -> None:
     env = {"PATH": "/bin", "PYTHONDONTWRITEBYTECODE": "1"}
-    assert demo.bytecode_env(env, airflow_compiled=True, cache_dir=tmp_path) == env
-    assert demo.bytecode_env({"PATH": "/bin"}, airflow_compiled=False, cache_dir=tmp_path) == {"PATH": "/bin"}
-    assert demo.bytecode_env(env, airflow_compiled=False, cache_dir=tmp_path) == {
+    assert run.bytecode_env(env, airflow_compiled=True, cache_dir=tmp_path) == env
+    assert run.bytecode_env({"PATH": "/bin"}, airflow_compiled=False, cache_dir=tmp_path) == {"PATH": "/bin"}
+    assert run.bytecode_env(env, airflow_compiled=False, cache_dir=tmp_path) == {
         "PATH": "/bin",
         "PYTHONPYCACHEPREFIX": str(tmp_path),
     }
 
 
 def test_default_home_and_db_label(tmp_path: Path) -> None:
-    assert demo.db_label(None) == "sqlite"
-    assert demo.db_label("postgresql+psycopg://u:p@h/db") == "postgresql"
-    assert demo.default_home(tmp_path, "3.4.0b2", None) == tmp_path / ".demo" / "3.4.0b2-sqlite"
+    assert run.db_label(None) == "sqlite"
+    assert run.db_label("postgresql+psycopg://u:p@h/db") == "postgresql"
+    assert run.default_home(tmp_path, "3.4.0b2", None) == tmp_path / ".demo" / "3.4.0b2-sqlite"
 
 
-def test_dag_sources_default_to_the_repository_dags() -> None:
-    origin, sources = demo.find_dag_sources(None)
+def test_dag_sources_default_to_the_installed_package_data() -> None:
+    origin, sources = run.find_dag_sources(None)
     assert origin.endswith("dags")
     assert set(sources) == {f"{d}.py" for d in report.DAG_IDS}
+    repo_dags = Path(__file__).resolve().parent.parent / "dags"
+    assert sources == {name: (repo_dags / name).read_text(encoding="utf-8") for name in sources}
 
 
 def test_dag_sources_from_a_directory_missing_a_dag(tmp_path: Path) -> None:
     (tmp_path / f"{RETRY}.py").write_text("# nothing\n")
-    with pytest.raises(demo.DemoError, match=f"lacks {CB}.py"):
-        demo.find_dag_sources(tmp_path)
-
-
-def test_dag_sources_fall_back_to_the_packaged_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An installed wheel has no dags/ next to the package: the copy in demo_dags is used."""
-    monkeypatch.setattr(
-        demo, "__file__", str(tmp_path / "site-packages" / "airflow_heartbeat_fix" / "demo.py")
-    )
-    origin, sources = demo.find_dag_sources(None)
-    assert "airflow_heartbeat_fix.demo_dags" in origin
-    assert sources == demo_dags.SOURCES
+    with pytest.raises(run.DemoError, match=f"lacks {CB}.py"):
+        run.find_dag_sources(tmp_path)
 
 
 def test_setup_failure_exits_2_and_stops_everything(
@@ -372,6 +385,7 @@ def test_setup_failure_exits_2_and_stops_everything(
     fake.write_text("#!/bin/sh\necho migrate failed on purpose\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setattr(demo, "airflow_executable", lambda: fake)
+    monkeypatch.setattr(demo, "probe_features", lambda config: {})
     home = tmp_path / "home"
     assert demo.main(["--home", str(home), "--runs", "stock"]) == 2
     err = capsys.readouterr().err
@@ -383,11 +397,11 @@ def test_setup_failure_exits_2_and_stops_everything(
 def test_prepare_home_writes_dags_and_subject_template(tmp_path: Path) -> None:
     home = tmp_path / "stock"
     (home / "old").mkdir(parents=True)
-    demo.prepare_home(home, {"a.py": "x = 1\n"})
+    run.prepare_home(home, {"a.py": "x = 1\n"})
     assert not (home / "old").exists()
     assert (home / "dags" / "a.py").read_text() == "x = 1\n"
     assert (home / "logs").is_dir() and (home / "tmp").is_dir()
-    assert (home / "email_subject.j2").read_text() == demo_email.SUBJECT_TEMPLATE
+    assert (home / "email_subject.j2").read_text() == email_backend.SUBJECT_TEMPLATE
 
 
 @pytest.mark.parametrize(
@@ -410,15 +424,15 @@ def test_bad_arguments_exit_2_before_starting_anything(
 def test_email_backend_records_subject_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     ti = {"dag_id": CB, "task_id": "stall", "run_id": "manual__2026-11-30T06:13:39+00:00"}
-    subject = jinja2.Template(demo_email.SUBJECT_TEMPLATE).render(ti=ti, try_number=2)
-    demo_email.send_email(["alerts@example.com"], subject, "<b>body</b>", conn_id=None, from_email="a@b")
-    (line,) = report.parse_jsonl((tmp_path / demo_email.EMAIL_LOG_NAME).read_text())
+    subject = jinja2.Template(email_backend.SUBJECT_TEMPLATE).render(ti=ti, try_number=2)
+    email_backend.send_email(["alerts@example.com"], subject, "<b>body</b>", conn_id=None, from_email="a@b")
+    (line,) = report.parse_jsonl((tmp_path / email_backend.EMAIL_LOG_NAME).read_text())
     assert line["fields"] == {**ti, "try_number": 2}
     assert report.count_emails([line], CB) == {2: 1}
 
 
 def test_email_subject_that_is_not_ours_is_kept_raw() -> None:
-    assert demo_email.parse_subject("Airflow alert: <TaskInstance ...>") is None
+    assert email_backend.parse_subject("Airflow alert: <TaskInstance ...>") is None
 
 
 # --- processes ------------------------------------------------------------------------------------
@@ -435,7 +449,7 @@ FREEZER = textwrap.dedent(
 
 
 def test_stop_all_ends_frozen_supervisors_and_their_children(tmp_path: Path) -> None:
-    procs = demo_procs.Processes(marker=f"test-{os.getpid()}-{time.time()}")
+    procs = processes.Processes(marker=f"test-{os.getpid()}-{time.time()}")
     component = procs.start(
         "freezer", [sys.executable, "-c", FREEZER], dict(os.environ), tmp_path / "freezer.log", tmp_path
     )
@@ -446,7 +460,7 @@ def test_stop_all_ends_frozen_supervisors_and_their_children(tmp_path: Path) -> 
     assert parent.status() == psutil.STATUS_STOPPED
     procs.track()
     (child,) = parent.children()
-    assert child.environ()[demo_procs.MARKER_ENV] == procs.marker
+    assert child.environ()[processes.MARKER_ENV] == procs.marker
 
     procs.stop_all(grace=1.0)
 
@@ -456,7 +470,7 @@ def test_stop_all_ends_frozen_supervisors_and_their_children(tmp_path: Path) -> 
 
 
 def test_run_returns_exit_codes_and_logs(tmp_path: Path) -> None:
-    procs = demo_procs.Processes(marker="test-run")
+    procs = processes.Processes(marker="test-run")
     log = tmp_path / "run.log"
     argvs = [[sys.executable, "-c", "print('hi')"], [sys.executable, "-c", "raise SystemExit(3)"]]
     assert procs.run(argvs, dict(os.environ), log, tmp_path, timeout=60) == [0, 3]
@@ -464,7 +478,7 @@ def test_run_returns_exit_codes_and_logs(tmp_path: Path) -> None:
 
 
 def test_run_kills_a_command_that_times_out(tmp_path: Path) -> None:
-    procs = demo_procs.Processes(marker="test-timeout")
+    procs = processes.Processes(marker="test-timeout")
     argv = [sys.executable, "-c", "import time; time.sleep(60)"]
     started = time.monotonic()
     codes = procs.run([argv], dict(os.environ), tmp_path / "t.log", tmp_path, timeout=0.5)
@@ -474,7 +488,7 @@ def test_run_kills_a_command_that_times_out(tmp_path: Path) -> None:
 
 
 def test_to_json_round_trips(tmp_path: Path) -> None:
-    config = demo.DemoConfig(
+    config = run.DemoConfig(
         home=tmp_path,
         database=None,
         dags_origin="dags",

@@ -1,9 +1,10 @@
 """
 The full demo on the installed Airflow (SQLite, or ``HEARTBEAT_FIX_DEMO_DATABASE``): real
 ``airflow scheduler``, ``dag-processor`` and ``api-server``, stock then fixed. About two and a half
-minutes; run it with ``pytest tests/e2e``.
+minutes; marked ``e2e`` (``pytest -m e2e tests/e2e``).
 
-Stock must really show this version's bug (the crash on 3.4.0b1/b2, duplicate callbacks on <= 3.3);
+Stock must really show the bug the package's detection says this Airflow has (the crash on 3.4.0b1/b2,
+duplicate callbacks on <= 3.3);
 fixed must converge: scheduler alive, try 1 failed, try 2 created, one callback per try.
 """
 
@@ -22,8 +23,11 @@ from typing import Any
 import psutil
 import pytest
 
-from airflow_heartbeat_fix.demo import installed_airflow_version
-from airflow_heartbeat_fix.demo_report import CALLBACK_DAG_ID, CRASH, DAG_IDS, DUPLICATES, expected_stock_bug
+from airflow_heartbeat_fix import activation, detection
+from airflow_heartbeat_fix.demo.report import CALLBACK_DAG_ID, CRASH, DAG_IDS, DUPLICATES, expected_stock_bug
+from airflow_heartbeat_fix.demo.run import installed_airflow_version
+
+pytestmark = pytest.mark.e2e
 
 DEMO_TIMEOUT = 600
 #: ``scripts/test.sh`` sets this for its PostgreSQL e2e cell; unset, the demo uses its embedded SQLite.
@@ -109,7 +113,10 @@ def test_fixed_column_converges(demo_run: dict[str, Any]) -> None:
 
 def test_stock_column_reproduces_the_bug(demo_run: dict[str, Any]) -> None:
     stock = demo_run["result"]["runs"]["stock"]
-    bug = expected_stock_bug(installed_airflow_version())
+    decided = detection.decide(activation.facts(), enabled=True)
+    needed = {fix: decision.state.value for fix, decision in decided.items()}
+    assert stock["needed_fixes"] == needed
+    bug = expected_stock_bug(needed)
     if bug == CRASH:
         assert stock["scheduler"]["crashed"] is True, demo_run["output"]
         assert re.search(r"UniqueViolation|UNIQUE constraint failed", stock["scheduler"]["error"] or "")

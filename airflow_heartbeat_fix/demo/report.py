@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX, FixState
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
@@ -78,29 +80,28 @@ class RunResult:
     problems: list[str] = field(default_factory=list)
     reproduced: bool | None = None
     leftover_pids: list[int] = field(default_factory=list)
+    #: fix -> state with the fixes enabled, as the package's detection decides on this Airflow
+    needed_fixes: dict[str, str] = field(default_factory=dict)
+    #: whether this Airflow sends the Dag processor's email requests through ``[email] email_backend``
+    emails_via_backend: bool = True
 
 
-# --- versions -------------------------------------------------------------------------------------
+# --- what this Airflow needs ----------------------------------------------------------------------
 
 
-def version_tuple(version: str) -> tuple[int, int, int]:
-    parts = [int(p) for p in re.findall(r"\d+", version)[:3]]
-    parts += [0] * (3 - len(parts))
-    return parts[0], parts[1], parts[2]
+def expected_stock_bug(needed_fixes: Mapping[str, str]) -> str | None:
+    """
+    Which bug stock Airflow shows in this demo, from what the package's detection says it needs.
 
-
-def expected_stock_bug(version: str) -> str | None:
-    """Which bug stock Airflow ``version`` shows in this demo: crash (3.4.0b1/b2), duplicates (<= 3.3)."""
-    if re.fullmatch(r"3\.4\.0b[12]", version):
-        return CRASH
-    if version_tuple(version) < (3, 4, 0):
+    ``needed_fixes`` maps each fix to its state with the fixes enabled. Where the heartbeat purge does
+    not converge, the same try is called back again (duplicates); where it does converge but the callback
+    sink still commits the scheduler's session, the retry of the detached task instance crashes the loop.
+    """
+    if needed_fixes.get(PURGE_FIX) == FixState.ACTIVE.value:
         return DUPLICATES
+    if needed_fixes.get(SINK_FIX) == FixState.ACTIVE.value:
+        return CRASH
     return None
-
-
-def emails_via_backend(version: str) -> bool:
-    """Airflow 3.3+ sends Dag-processor email requests through ``[email] email_backend``."""
-    return version_tuple(version) >= (3, 3, 0)
 
 
 # --- rows and logs --------------------------------------------------------------------------------
@@ -259,7 +260,7 @@ def fixed_problems(result: RunResult) -> list[str]:
         second = _try(outcome, 2)
         if second is not None and second.state == "failed" and _total(outcome.callbacks, 2) != 1:
             problems.append(f"{CALLBACK_DAG_ID}: failed try 2 did not get exactly one callback")
-        if emails_via_backend(result.airflow_version) and outcome.emails.get(1, 0) != 1:
+        if result.emails_via_backend and outcome.emails.get(1, 0) != 1:
             problems.append(f"{CALLBACK_DAG_ID}: try 1 did not get exactly one email")
     if not result.converged:
         problems.append(f"did not converge: {result.stop_reason}")
@@ -268,7 +269,7 @@ def fixed_problems(result: RunResult) -> list[str]:
     return problems
 
 
-def callbacks_complete(dags: Mapping[str, DagOutcome], version: str) -> bool:
+def callbacks_complete(dags: Mapping[str, DagOutcome], emails_via_backend: bool) -> bool:
     """Whether every finished try of the callback Dag has its callback (and email, where counted)."""
     outcome = dags.get(CALLBACK_DAG_ID)
     if outcome is None:
@@ -278,14 +279,14 @@ def callbacks_complete(dags: Mapping[str, DagOutcome], version: str) -> bool:
             continue
         if _total(outcome.callbacks, row.try_number) < 1:
             return False
-        if emails_via_backend(version) and outcome.emails.get(row.try_number, 0) < 1:
+        if emails_via_backend and outcome.emails.get(row.try_number, 0) < 1:
             return False
     return True
 
 
 def stock_reproduced(result: RunResult) -> bool | None:
-    """Whether the stock run shows the bug this Airflow version has (None: no known bug)."""
-    bug = expected_stock_bug(result.airflow_version)
+    """Whether the stock run shows the bug this Airflow has (None: detection says it needs no fix)."""
+    bug = expected_stock_bug(result.needed_fixes)
     if bug == CRASH:
         return result.scheduler.crashed
     if bug == DUPLICATES:
@@ -341,7 +342,7 @@ def _scheduler_cell(scheduler: SchedulerOutcome) -> str:
 
 def _verdict_cell(result: RunResult) -> str:
     if not result.fix_enabled:
-        bug = expected_stock_bug(result.airflow_version)
+        bug = expected_stock_bug(result.needed_fixes)
         if result.reproduced is None:
             return "no known bug in this version"
         return f"bug reproduced ({bug})" if result.reproduced else f"bug NOT reproduced ({bug} expected)"

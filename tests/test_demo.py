@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -20,7 +21,7 @@ import psutil
 import pytest
 
 from airflow_heartbeat_fix import demo
-from airflow_heartbeat_fix.demo import email_backend, processes, report, run
+from airflow_heartbeat_fix.demo import email_backend, html_report, processes, report, run
 from airflow_heartbeat_fix.demo.report import DagOutcome, RunResult, SchedulerOutcome, TryRow
 from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX, FixState
 
@@ -275,7 +276,9 @@ def test_render_table_side_by_side() -> None:
     scheduler = next(line for line in lines if line.startswith("scheduler "))
     assert "CRASHED: UniqueViolation" in scheduler and scheduler.rstrip().endswith("alive")
     assert any("failed (archived: retry)" in line and "running (current)" in line for line in lines)
-    assert any("on_retry_callback x1" in line for line in lines)
+    assert any("retry x1 (expected 1 per try)" in line for line in lines)
+    emails = [line for line in lines if line.startswith("    emails")]
+    assert emails and all("(expected 1 per try)" in line for line in emails)
     sink = next(line for line in lines if line.startswith("  sink"))
     assert "disabled" in sink and sink.rstrip().endswith("active")
     verdict = next(line for line in lines if line.startswith("verdict"))
@@ -378,7 +381,7 @@ def test_dag_sources_from_a_directory_missing_a_dag(tmp_path: Path) -> None:
         run.find_dag_sources(tmp_path)
 
 
-def test_setup_failure_exits_2_and_stops_everything(
+def test_setup_failure_exits_3_and_stops_everything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake = tmp_path / "airflow"
@@ -387,7 +390,7 @@ def test_setup_failure_exits_2_and_stops_everything(
     monkeypatch.setattr(demo, "airflow_executable", lambda: fake)
     monkeypatch.setattr(demo, "probe_features", lambda config: {})
     home = tmp_path / "home"
-    assert demo.main(["--home", str(home), "--runs", "stock"]) == 2
+    assert demo.main(["--home", str(home), "--runs", "stock"]) == demo.EXIT_ENVIRONMENT
     err = capsys.readouterr().err
     assert "airflow db migrate failed" in err
     assert "migrate failed on purpose" in (home / "stock" / "logs" / "db-migrate.log").read_text()
@@ -408,13 +411,14 @@ def test_prepare_home_writes_dags_and_subject_template(tmp_path: Path) -> None:
     ("argv", "message"),
     [
         (["--runs", "stock,broken"], "--runs takes"),
-        (["--database", "sqlite:///x.db"], "--database must be a postgresql URL"),
+        (["--reset-database"], "--reset-database needs --database"),
+        (["--dags", "/nonexistent"], "--dags /nonexistent lacks"),
     ],
 )
 def test_bad_arguments_exit_2_before_starting_anything(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert demo.main(argv) == 2
+    assert demo.main(argv) == demo.EXIT_USAGE
     assert message in capsys.readouterr().err
 
 
@@ -507,3 +511,260 @@ def test_to_json_round_trips(tmp_path: Path) -> None:
     assert data["ok"] is True and data["database"] == "sqlite"
     assert fixed["dags"][CB]["callbacks"] == {"1": {"on_retry_callback": 1}, "2": {"on_failure_callback": 1}}
     assert fixed["dags"][CB]["tries"][0]["archived_reason"] == "retry"
+
+
+# --- refusing before starting anything ------------------------------------------------------------
+
+
+@pytest.fixture
+def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should a check let the demo through, fail at once instead of starting Airflow for minutes."""
+
+    def refuse(config: run.DemoConfig) -> dict[str, object]:
+        raise AssertionError("the demo got past its checks and was about to start Airflow")
+
+    monkeypatch.setattr(demo, "probe_features", refuse)
+
+
+def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.err and captured.out == ""
+    return lines[0]
+
+
+def test_demo_refuses_a_database_with_tables_it_did_not_create(
+    tmp_path: Path, nothing_starts: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The suite's own metadata database (migrated at session start) must come out of it untouched."""
+    from airflow.configuration import conf
+
+    url = conf.get("database", "sql_alchemy_conn")
+    before = run.database_tables(url)
+    assert "alembic_version" in before
+
+    code = demo.main(["--home", str(tmp_path / "home"), "--database", url])
+
+    line = _one_line(capsys)
+    assert code == demo.EXIT_USAGE
+    assert f"already has {len(before)} tables" in line
+    assert "airflow db reset" in line and "--reset-database" in line
+    assert run.database_tables(url) == before
+
+
+def test_database_refusal_allows_empty_own_or_explicitly_reset_databases() -> None:
+    url = "postgresql://h/db"
+    assert run.database_refusal([], url, reset_allowed=False) is None
+    assert run.database_refusal(["dag", run.DEMO_TABLE], url, reset_allowed=False) is None
+    assert run.database_refusal(["dag"], url, reset_allowed=True) is None
+    refusal = run.database_refusal([f"t{i}" for i in range(7)], url, reset_allowed=False)
+    assert refusal is not None and "7 tables (t0, t1, t2, t3, t4, ...)" in refusal
+
+
+def test_demo_database_mark_lets_the_demo_reset_it_again(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+    run.mark_database_as_demo(url)
+    run.mark_database_as_demo(url)  # again after the next reset: idempotent
+    assert run.database_tables(url) == [run.DEMO_TABLE]
+
+
+def test_second_demo_in_the_same_home_is_refused(
+    tmp_path: Path, nothing_starts: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    holder = textwrap.dedent(
+        f"""
+        import fcntl, sys, time
+        lock = open({str(home / demo.LOCK_NAME)!r}, "a+")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.write("4242\\n"); lock.flush()
+        print("locked", flush=True)
+        time.sleep(60)
+        """
+    )
+    other = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "locked"
+        code = demo.main(["--home", str(home)])
+    finally:
+        other.kill()
+        other.wait()
+    line = _one_line(capsys)
+    assert code == demo.EXIT_USAGE
+    assert line == f"demo: another demo is running in {home} (pid 4242); wait for it or pass another --home"
+
+
+def test_home_lock_is_released_when_the_demo_ends(tmp_path: Path) -> None:
+    with (
+        demo.home_lock(tmp_path),
+        pytest.raises(run.UsageError, match="another demo is running"),
+        demo.home_lock(tmp_path),
+    ):
+        pass
+    with demo.home_lock(tmp_path):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["--home", "{file}/h"], "cannot use --home {file}/h: Not a dir", id="home-in-file"),
+        pytest.param(["--home", "{foreign}"], "--home {foreign} holds files", id="foreign-home"),
+        pytest.param(["--json", "{file}/o.json"], "cannot write --json {file}/o.json", id="json-in-file"),
+        pytest.param(["--json", "{tmp}"], "--json {tmp} is a directory", id="json-is-dir"),
+        pytest.param(["--html", "{file}/r.html"], "cannot write --html {file}/r.html", id="html-in-file"),
+    ],
+)  # fmt: skip
+def test_unusable_paths_exit_2_with_one_line(
+    argv: list[str], message: str, tmp_path: Path, nothing_starts: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("not a directory\n")
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine\n")
+    names = {"file": tmp_path / "file", "foreign": tmp_path / "foreign", "tmp": tmp_path}
+    argv = [a.format(**names) for a in argv]
+    if "--home" not in argv:
+        argv += ["--home", str(tmp_path / "home")]
+
+    code = demo.main(argv)
+
+    line = _one_line(capsys)
+    assert code == demo.EXIT_USAGE
+    assert line.startswith("demo: " + message.format(**names)), line
+    assert (tmp_path / "foreign" / "notes.txt").read_text() == "mine\n"
+
+
+def test_help_lists_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        demo.main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    for code, text in demo.EXIT_CODES.items():
+        assert f"  {code:<4}{text[:30]}" in out
+
+
+# --- the HTML report ------------------------------------------------------------------------------
+
+
+def _recorded_results() -> list[RunResult]:
+    """A stock 3.4.0b2 run that crashed and a fixed one that converged, as the demo records them."""
+    stock = _converged(
+        label="stock",
+        fix_enabled=False,
+        scheduler=SchedulerOutcome(
+            alive=False, crashed=True, error="IntegrityError: UNIQUE constraint failed"
+        ),
+        converged=False,
+        converge_seconds=None,
+        reproduced=True,
+        crashed_after=21.0,
+        watched_seconds=27.0,
+    )
+    for dag_id in (RETRY, CB):
+        stock.dags[dag_id].tries = [TryRow("stall", 1, "running", "current")]
+        stock.dags[dag_id].run_state = "running"
+        stock.timeline += [
+            report.StateChange(0.5, dag_id, 1, "queued"),
+            report.StateChange(2.0, dag_id, 1, "running"),
+        ]
+    stock.dags[CB].callbacks = {1: {"on_retry_callback": 1}}
+    stock.dags[CB].emails = {1: 1}
+    stock.marks = [report.Mark(22.0, CB, 1, "on_retry_callback"), report.Mark(22.5, CB, 1, report.EMAIL)]
+    fixed = _converged(watched_seconds=40.0)
+    for dag_id in (RETRY, CB):
+        fixed.timeline += [
+            report.StateChange(1.0, dag_id, 1, "running"),
+            report.StateChange(16.0, dag_id, 1, "failed"),
+            report.StateChange(16.0, dag_id, 2, "up_for_retry"),
+            report.StateChange(18.0, dag_id, 2, "running"),
+            report.StateChange(29.0, dag_id, 2, "failed"),
+        ]
+    fixed.marks = [
+        report.Mark(17.0, CB, 1, "on_retry_callback"),
+        report.Mark(17.2, CB, 1, report.EMAIL),
+        report.Mark(30.0, CB, 2, "on_failure_callback"),
+        report.Mark(30.1, CB, 2, report.EMAIL),
+    ]
+    return [stock, fixed]
+
+
+def test_html_report_is_self_contained_with_a_timeline_per_run() -> None:
+    page = html_report.render_html(_recorded_results())
+
+    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    assert page.count("<svg") == 2
+    for fetch in ("src=", "href=", "url(", "@import", "<script"):
+        assert fetch not in page  # nothing to load: it opens offline, from a CI artefact or an email
+    assert "scheduler crashed at 21 s" in page
+    assert "IntegrityError: UNIQUE constraint failed" in page
+    assert "Expected: 1 callback per try and 1 email per try." in page
+    assert page.count("(expected 1 per try)") == 2 * 2 * 2  # 2 runs x tries 1-2 x (callbacks, emails)
+    assert "bug reproduced (crash)" in page and "OK: converged as expected" in page
+    # every callback and email is one mark with its time; every state a coloured span of its lane
+    assert page.count("on_retry_callback for try 1 at") == 2
+    assert page.count("email for try") == 3
+    assert "on_failure_callback for try 2 at 30.0 s" in page
+    assert "try 2: up_for_retry from 16 s to 18 s" in page
+
+
+def test_html_report_shows_each_duplicate_mark_and_flags_the_count() -> None:
+    stock = _recorded_results()[1]
+    stock.label, stock.fix_enabled = "stock", False
+    stock.needed_fixes, stock.reproduced = dict(DUPLICATES_NEEDS), True
+    stock.dags[CB].callbacks[1]["on_retry_callback"] = 2
+    stock.marks.append(report.Mark(19.0, CB, 1, "on_retry_callback"))
+
+    page = html_report.render_html([stock])
+
+    assert page.count("on_retry_callback for try 1 at") == 2
+    assert '<td class="off">retry x2 (expected 1 per try)</td>' in page
+    assert "bug reproduced (duplicates)" in page
+
+
+def test_timeline_records_changes_and_marks_from_the_logs() -> None:
+    before = {(CB, 1): "running"}
+    now = {(CB, 1): "failed", (CB, 2): "up_for_retry", (RETRY, 1): "running"}
+    assert report.state_changes(before, now, 16.0) == [
+        report.StateChange(16.0, CB, 1, "failed"),
+        report.StateChange(16.0, CB, 2, "up_for_retry"),
+        report.StateChange(16.0, RETRY, 1, "running"),
+    ]
+    assert report.state_changes(now, now, 17.0) == []
+    callbacks = [{"dag_id": CB, "try_number": 1, "kind": "on_retry_callback", "time": 1017.0}]
+    emails = [{"fields": {"dag_id": CB, "try_number": 1}, "time": 1017.5}, {"fields": None, "time": 1}]
+    assert report.marks_from_logs(callbacks, emails, triggered_at=1000.0) == [
+        report.Mark(17.0, CB, 1, "on_retry_callback"),
+        report.Mark(17.5, CB, 1, report.EMAIL),
+    ]
+
+
+def test_demo_writes_the_html_report_and_prints_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recorded = iter(_recorded_results())
+
+    class RecordedRun:
+        def __init__(self, config: run.DemoConfig, label: str, features: dict[str, object]) -> None:
+            self.label = label
+
+        def execute(self) -> RunResult:
+            result = next(recorded)
+            assert result.label == self.label
+            return result
+
+    monkeypatch.setattr(demo, "probe_features", lambda config: {})
+    monkeypatch.setattr(demo, "DemoRun", RecordedRun)
+    home = tmp_path / "home"
+
+    assert demo.main(["--home", str(home), "--json", str(tmp_path / "r.json")]) == demo.EXIT_OK
+
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == f"report: {home / 'report.html'}"
+    assert "<svg" in (home / "report.html").read_text()
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["runs"]["stock"]["crashed_after"] == 21.0
+    assert data["runs"]["fixed"]["marks"][0] == {
+        "seconds": 17.0, "dag_id": CB, "try_number": 1, "kind": "on_retry_callback"
+    }  # fmt: skip

@@ -21,6 +21,9 @@ DAG_IDS = (RETRY_DAG_ID, CALLBACK_DAG_ID)
 
 RETRY_CALLBACK = "on_retry_callback"
 FAILURE_CALLBACK = "on_failure_callback"
+EMAIL = "email"
+#: What a correct scheduler does for each finished try: one callback, one email.
+EXPECTED_PER_TRY = "expected 1 per try"
 
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 
@@ -44,6 +47,26 @@ class TryRow:
     state: str | None
     where: str
     archived_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class StateChange:
+    """A try's task instance state as first seen ``seconds`` after the trigger (polled every second)."""
+
+    seconds: float
+    dag_id: str
+    try_number: int
+    state: str | None
+
+
+@dataclass(frozen=True)
+class Mark:
+    """One callback or email (``kind``) about one try, ``seconds`` after the trigger."""
+
+    seconds: float
+    dag_id: str
+    try_number: int
+    kind: str
 
 
 @dataclass
@@ -84,6 +107,11 @@ class RunResult:
     needed_fixes: dict[str, str] = field(default_factory=dict)
     #: whether this Airflow sends the Dag processor's email requests through ``[email] email_backend``
     emails_via_backend: bool = True
+    #: for the timeline: state changes, callbacks and emails, the crash, all in seconds after the trigger
+    timeline: list[StateChange] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+    crashed_after: float | None = None
+    watched_seconds: float = 0.0
 
 
 # --- what this Airflow needs ----------------------------------------------------------------------
@@ -218,6 +246,39 @@ def all_runs_terminal(dags: Mapping[str, DagOutcome]) -> bool:
     return bool(dags) and all(d.run_state in TERMINAL_RUN_STATES for d in dags.values())
 
 
+def try_states(dags: Mapping[str, DagOutcome]) -> dict[tuple[str, int], str | None]:
+    """``(dag_id, try_number) -> state`` of every try seen now."""
+    return {(dag_id, t.try_number): t.state for dag_id, o in dags.items() for t in o.tries}
+
+
+def state_changes(
+    before: Mapping[tuple[str, int], str | None], now: Mapping[tuple[str, int], str | None], seconds: float
+) -> list[StateChange]:
+    """The tries that are new or changed state between two polls."""
+    return [
+        StateChange(seconds, dag_id, try_number, state)
+        for (dag_id, try_number), state in sorted(now.items())
+        if (dag_id, try_number) not in before or before[(dag_id, try_number)] != state
+    ]
+
+
+def marks_from_logs(
+    callback_lines: Iterable[Mapping[str, Any]], email_lines: Iterable[Mapping[str, Any]], triggered_at: float
+) -> list[Mark]:
+    """Callbacks and emails of the demo Dags as marks, timed from ``triggered_at`` (epoch seconds)."""
+    marks = []
+    for line in callback_lines:
+        if line.get("dag_id") in DAG_IDS and line.get("try_number") is not None and line.get("time"):
+            seconds = float(line["time"]) - triggered_at
+            marks.append(Mark(seconds, str(line["dag_id"]), int(line["try_number"]), str(line.get("kind"))))
+    for line in email_lines:
+        fields = line.get("fields") or {}
+        if fields.get("dag_id") in DAG_IDS and fields.get("try_number") is not None and line.get("time"):
+            seconds = float(line["time"]) - triggered_at
+            marks.append(Mark(seconds, str(fields["dag_id"]), int(fields["try_number"]), EMAIL))
+    return sorted(marks, key=lambda m: (m.seconds, m.dag_id, m.try_number, m.kind))
+
+
 # --- verdicts -------------------------------------------------------------------------------------
 
 
@@ -326,10 +387,20 @@ def _try_cell(row: TryRow | None) -> str:
     return f"{row.state} (current)"
 
 
-def _callbacks_cell(per_kind: Mapping[str, int]) -> str:
-    if not per_kind:
-        return "0"
-    return ", ".join(f"{kind} x{n}" for kind, n in sorted(per_kind.items()))
+def callbacks_cell(per_kind: Mapping[str, int]) -> str:
+    """``retry x1 (expected 1 per try)``: each kind's count, short names, and what is expected."""
+    counts = ", ".join(f"{_short(kind)} x{n}" for kind, n in sorted(per_kind.items())) or "0"
+    return f"{counts} ({EXPECTED_PER_TRY})"
+
+
+def _short(kind: str) -> str:
+    return kind.removeprefix("on_").removesuffix("_callback")
+
+
+def emails_cell(count: int, via_backend: bool) -> str:
+    if not via_backend:
+        return f"{count} (not counted on this Airflow)"
+    return f"{count} ({EXPECTED_PER_TRY})"
 
 
 def _scheduler_cell(scheduler: SchedulerOutcome) -> str:
@@ -340,7 +411,7 @@ def _scheduler_cell(scheduler: SchedulerOutcome) -> str:
     return "alive"
 
 
-def _verdict_cell(result: RunResult) -> str:
+def verdict_cell(result: RunResult) -> str:
     if not result.fix_enabled:
         bug = expected_stock_bug(result.needed_fixes)
         if result.reproduced is None:
@@ -364,18 +435,20 @@ def result_rows(
         for try_number in try_numbers.get(dag_id, []):
             rows.append((f"  try {try_number}", _try_cell(_try(outcome, try_number))))
             if dag_id == CALLBACK_DAG_ID:
-                rows.append(("    callbacks", _callbacks_cell(outcome.callbacks.get(try_number, {}))))
-                rows.append(("    emails", str(outcome.emails.get(try_number, 0))))
+                rows.append(("    callbacks", callbacks_cell(outcome.callbacks.get(try_number, {}))))
+                emails = outcome.emails.get(try_number, 0)
+                rows.append(("    emails", emails_cell(emails, result.emails_via_backend)))
     converge = (
         f"{result.converge_seconds:.0f} s after trigger" if result.converge_seconds is not None else "no"
     )
     rows.append(("converged", converge))
     rows.append(("run time", f"{result.elapsed_seconds:.0f} s ({result.stop_reason})"))
-    rows.append(("verdict", _verdict_cell(result)))
+    rows.append(("verdict", verdict_cell(result)))
     return rows
 
 
-def _all_try_numbers(results: Iterable[RunResult]) -> dict[str, list[int]]:
+def all_try_numbers(results: Iterable[RunResult]) -> dict[str, list[int]]:
+    """Per Dag, every try number any run saw (at least 1 and 2), so the runs line up side by side."""
     numbers: dict[str, set[int]] = {dag_id: {1, 2} for dag_id in DAG_IDS}
     for result in results:
         for dag_id, outcome in result.dags.items():
@@ -393,7 +466,7 @@ def render_table(results: list[RunResult], cell_width: int = 48) -> str:
     """The side-by-side table (one column per run), followed by full error lines and problems."""
     if not results:
         return ""
-    try_numbers = _all_try_numbers(results)
+    try_numbers = all_try_numbers(results)
     fix_names = list(dict.fromkeys(fix for r in results for fix in r.scheduler.fixes))
     columns = [result_rows(r, try_numbers, fix_names) for r in results]
     labels = [label for label, _ in columns[0]]

@@ -52,6 +52,8 @@ class DemoConfig:
     settle: float
     runs: tuple[str, ...]
     json_path: Path | None
+    html_path: Path | None = None
+    reset_database: bool = False
 
     @property
     def db_label(self) -> str:
@@ -60,6 +62,10 @@ class DemoConfig:
 
 class DemoError(Exception):
     """A setup step failed; the message says which."""
+
+
+class UsageError(DemoError):
+    """The demo refuses to start: an option, path or database it must not or cannot use."""
 
 
 # --- small pure helpers ---------------------------------------------------------------------------
@@ -189,7 +195,7 @@ def find_dag_sources(explicit: Path | None) -> tuple[str, dict[str, str]]:
     names = [f"{dag_id}.py" for dag_id in report.DAG_IDS]
     missing = [name for name in names if not (folder / name).is_file()]
     if missing:
-        raise DemoError(f"--dags {folder} lacks {', '.join(missing)}")
+        raise UsageError(f"--dags {folder} lacks {', '.join(missing)}")
     return str(folder), {name: (folder / name).read_text(encoding="utf-8") for name in names}
 
 
@@ -335,6 +341,44 @@ def prepare_home(home: Path, dag_sources: dict[str, str]) -> None:
     for name, text in dag_sources.items():
         (home / "dags" / name).write_text(text, encoding="utf-8")
     (home / "email_subject.j2").write_text(SUBJECT_TEMPLATE, encoding="utf-8")
+
+
+#: Created in a ``--database`` right after the demo reset it: a later demo may reset it again unasked.
+DEMO_TABLE = "airflow_heartbeat_fix_demo"
+
+
+def database_tables(url: str) -> list[str]:
+    """The tables of the database at ``url``."""
+    from sqlalchemy import create_engine, inspect
+
+    engine = create_engine(url, poolclass=_null_pool())
+    try:
+        return sorted(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def database_refusal(tables: list[str], url: str, *, reset_allowed: bool) -> str | None:
+    """Why the demo must not reset this database, or None: empty, made by the demo, or reset allowed."""
+    if not tables or DEMO_TABLE in tables or reset_allowed:
+        return None
+    shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+    return (
+        f"{url} already has {len(tables)} tables ({shown}) the demo did not create; it would drop "
+        "Airflow's tables and their data (airflow db reset). Pass --reset-database to allow that, "
+        "or use an empty database"
+    )
+
+
+def mark_database_as_demo(url: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url, poolclass=_null_pool())
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f"CREATE TABLE IF NOT EXISTS {DEMO_TABLE} (note VARCHAR(100))"))
+    finally:
+        engine.dispose()
 
 
 def ensure_database_exists(url: str) -> None:
@@ -494,10 +538,10 @@ class DemoRun:
                 partial.replace(template)
             shutil.copyfile(template, home / "airflow.db")
             return
-        ensure_database_exists(config.database)
         log = home / "logs" / "db-reset.log"
         if self.procs.run([[self.airflow, "db", "reset", "-y"]], self.env, log, home, timeout=300) != [0]:
             raise DemoError(f"airflow db reset failed; see {log}")
+        mark_database_as_demo(config.database)
 
     def start(self, ready_within: float = 180.0) -> None:
         """Start the API server, Dag processor and scheduler; wait for the API and both parsed Dags."""
@@ -556,7 +600,8 @@ class DemoRun:
         assert self.db is not None
         db, result, config = self.db, self.result, self.config
         scheduler = self.procs.components["scheduler"]
-        triggered = time.monotonic()
+        triggered, triggered_at = time.monotonic(), time.time()
+        states: dict[tuple[str, int], str | None] = {}
         crashed_at: float | None = None
         terminal_at: float | None = None
         last_change = triggered
@@ -569,6 +614,10 @@ class DemoRun:
             except Exception:  # SQLite can be locked for a moment: keep the last snapshot
                 dags = result.dags
             result.dags = dags
+            now_states = report.try_states(dags)
+            result.timeline += report.state_changes(states, now_states, now - triggered)
+            states = now_states
+            result.watched_seconds = now - triggered
             seen = {d: (o.callbacks, o.emails, o.tries, o.run_state) for d, o in dags.items()}
             if seen != last_seen:
                 last_seen, last_change = seen, now
@@ -578,6 +627,7 @@ class DemoRun:
             if error is not None and crashed_at is None:
                 crashed_at = now
                 result.scheduler.crashed, result.scheduler.error = True, error
+                result.crashed_after = now - triggered
             exit_code = scheduler.exit_code()
             if exit_code is not None:
                 result.scheduler.alive, result.scheduler.exit_code = False, exit_code
@@ -600,6 +650,11 @@ class DemoRun:
             if reason is not None:
                 result.stop_reason = reason
                 result.converged = terminal_at is not None and not result.scheduler.crashed
+                result.marks = report.marks_from_logs(
+                    report.parse_jsonl(_read(self.home / CALLBACK_LOG_NAME)),
+                    report.parse_jsonl(_read(self.home / EMAIL_LOG_NAME)),
+                    triggered_at,
+                )
                 return
             phase = "scheduler crashed; collecting callbacks" if crashed_at else run_phase(dags)
             self.progress.update(phase, report.progress_line(dags))

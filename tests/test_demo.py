@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import jinja2
@@ -121,6 +122,13 @@ def test_find_scheduler_crash(log: str, expected: str | None) -> None:
         assert found is None
     else:
         assert found is not None and found.startswith(expected)
+
+
+def test_find_crash_time_reads_the_logged_timestamp() -> None:
+    expected = datetime(2026, 11, 30, 6, 7, 18, 279740, tzinfo=timezone.utc).timestamp()
+    assert report.find_crash_time(SQLITE_CRASH_LOG) == expected
+    assert report.find_crash_time("Exception when executing SchedulerJob._run_scheduler_loop\n") is None
+    assert report.find_crash_time("no crash\n") is None
 
 
 def test_find_fix_summary() -> None:
@@ -507,6 +515,7 @@ def test_to_json_round_trips(tmp_path: Path) -> None:
         json_path=None,
     )
     data = json.loads(json.dumps(demo.to_json(config, [_converged()], ok=True)))
+    assert report.result_from_json(data["runs"]["fixed"]) == _converged()
     fixed = data["runs"]["fixed"]
     assert data["ok"] is True and data["database"] == "sqlite"
     assert fixed["dags"][CB]["callbacks"] == {"1": {"on_retry_callback": 1}, "2": {"on_failure_callback": 1}}
@@ -642,7 +651,7 @@ def test_help_lists_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
     assert exited.value.code == 0
     out = capsys.readouterr().out
     for code, text in demo.EXIT_CODES.items():
-        assert f"  {code:<4}{text[:30]}" in out
+        assert f"  {code:<4}{text[:20]}" in out
 
 
 # --- the HTML report ------------------------------------------------------------------------------
@@ -694,7 +703,7 @@ def test_html_report_is_self_contained_with_a_timeline_per_run() -> None:
     page = html_report.render_html(_recorded_results())
 
     assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
-    assert page.count("<svg") == 2
+    assert page.count("<svg xmlns=") == 2  # one timeline per run
     for fetch in ("src=", "href=", "url(", "@import", "<script"):
         assert fetch not in page  # nothing to load: it opens offline, from a CI artefact or an email
     assert "scheduler crashed at 21 s" in page

@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -73,7 +74,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="airflow-heartbeat-fix demo",
         description="Reproduce both scheduler bugs with real Airflow components: stock vs fixed.",
-        epilog="exit codes:\n" + "\n".join(f"  {code:<4}{text}" for code, text in EXIT_CODES.items()),
+        epilog="exit codes:\n"
+        + "\n".join(
+            textwrap.fill(text, width=78, initial_indent=f"  {code:<4}", subsequent_indent=" " * 6)
+            for code, text in EXIT_CODES.items()
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--home", type=Path, help="demo directory (default ./.demo/<version>-<db>)")

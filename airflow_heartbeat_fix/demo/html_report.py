@@ -34,11 +34,11 @@ if TYPE_CHECKING:
 STATE_COLOURS = {
     "scheduled": "#c9d6e3",
     "queued": "#9fb6cc",
-    "running": "#4e9a06",
+    "running": "#7ac143",
     "up_for_retry": "#f0a30a",
     "up_for_reschedule": "#f0a30a",
     "failed": "#cc0000",
-    "success": "#2e7d32",
+    "success": "#1b5e20",
     "restarting": "#8e44ad",
 }
 OTHER_STATE_COLOUR = "#888888"
@@ -49,7 +49,7 @@ WIDTH = 1060
 LABEL_WIDTH = 250
 LANE_HEIGHT = 46
 TOP = 34
-BOTTOM = 30
+BOTTOM = 36
 
 CSS = """
 body { font: 14px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px; color: #222; }
@@ -62,6 +62,9 @@ th { background: #f4f4f4; } td.off { background: #fde8e8; }
 .legend span { display: inline-block; margin-right: 14px; font-size: 12px; }
 .legend i { display: inline-block; width: 12px; height: 12px; margin-right: 4px; vertical-align: -1px; }
 svg text { font: 12px system-ui, sans-serif; fill: #333; }
+svg text.crash { fill: #cc0000; font-weight: 600; } svg text.note { fill: #777; font-style: italic; }
+svg text.axis { fill: #666; }
+.legend svg { vertical-align: -2px; margin-right: 4px; }
 """
 
 
@@ -112,17 +115,27 @@ def _timeline_svg(result: RunResult, try_numbers: dict[str, list[int]], span: fl
         )
         tick += step
     parts.append(
-        f'<text x="{WIDTH - 20}" y="{height - 2}" text-anchor="end" fill="#666">seconds after trigger</text>'
+        f'<text class="axis" x="{WIDTH - 20}" y="{height - 2}" text-anchor="end">seconds after trigger</text>'
     )
+    if result.crashed_after is not None:  # nothing moves after the crash: shade it
+        parts.append(
+            f'<rect x="{x(result.crashed_after):.1f}" y="{TOP - 6}" '
+            f'width="{x(span) - x(result.crashed_after):.1f}" height="{height - BOTTOM - TOP + 6}" '
+            'fill="#cc0000" fill-opacity="0.06"/>'
+        )
     for index, (dag_id, try_number) in enumerate(lanes):
         top = TOP + index * LANE_HEIGHT
         bar_y = top + 16
-        parts.append(f'<text x="0" y="{bar_y + 6}">{_esc(dag_id)}</text>')
+        if index == 0 or lanes[index - 1][0] != dag_id:
+            parts.append(f'<text x="0" y="{bar_y + 6}">{_esc(dag_id)}</text>')
         parts.append(
             f'<text x="{LABEL_WIDTH - 10}" y="{bar_y + 6}" text-anchor="end">try {try_number}</text>'
         )
         parts.append(f'<rect x="{LABEL_WIDTH}" y="{bar_y - 6}" width="{plot}" height="12" fill="#f7f7f7"/>')
-        for start, stop, state in _segments(result.timeline, dag_id, try_number, span):
+        segments = _segments(result.timeline, dag_id, try_number, span)
+        if not segments:
+            parts.append(f'<text class="note" x="{LABEL_WIDTH + 6}" y="{bar_y + 4}">not created</text>')
+        for start, stop, state in segments:
             colour = STATE_COLOURS.get(state, OTHER_STATE_COLOUR)
             parts.append(
                 f'<rect x="{x(start):.1f}" y="{bar_y - 6}" width="{max(1.0, x(stop) - x(start)):.1f}" '
@@ -136,7 +149,7 @@ def _timeline_svg(result: RunResult, try_numbers: dict[str, list[int]], span: fl
             f'<line x1="{cx:.1f}" y1="{TOP - 14}" x2="{cx:.1f}" y2="{height - BOTTOM}" stroke="#cc0000" '
             f'stroke-width="2" stroke-dasharray="5 3"><title>{_esc(result.scheduler.error or "")}</title>'
             "</line>"
-            f'<text x="{cx + 4:.1f}" y="{TOP - 18}" fill="#cc0000" font-weight="bold">'
+            f'<text class="crash" x="{cx + 4:.1f}" y="{TOP - 18}">'
             f"scheduler crashed at {result.crashed_after:.0f} s</text>"
         )
     parts.append("</svg>")
@@ -206,12 +219,17 @@ def _legend() -> str:
         for s, c in STATE_COLOURS.items()
         if s not in ("up_for_reschedule", "restarting")
     )
-    marks = (
-        f'<span><i style="background:{MARK_COLOURS[RETRY_CALLBACK]}"></i>▼ on_retry_callback</span>'
-        f'<span><i style="background:{MARK_COLOURS[FAILURE_CALLBACK]}"></i>▼ on_failure_callback</span>'
-        f'<span><i style="background:{MARK_COLOURS[EMAIL]}"></i>■ email</span>'
-        '<span><i style="background:#cc0000"></i>┆ scheduler crash</span>'
-    )
+    triangle = '<path d="M1,2 L11,2 L6,10 Z" fill="{}"/>'
+    marks = "".join(
+        f'<span><svg width="12" height="12">{shape}</svg>{_esc(label)}</span>'
+        for shape, label in (
+            (triangle.format(MARK_COLOURS[RETRY_CALLBACK]), "on_retry_callback"),
+            (triangle.format(MARK_COLOURS[FAILURE_CALLBACK]), "on_failure_callback"),
+            (f'<rect x="1" y="2" width="10" height="8" fill="{MARK_COLOURS[EMAIL]}"/>', "email"),
+            ('<line x1="6" y1="0" x2="6" y2="12" stroke="#cc0000" stroke-width="2" stroke-dasharray="3 2"/>',
+             "scheduler crash"),
+        )
+    )  # fmt: skip
     return f'<p class="legend">{states}<br>{marks}</p>'
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX, FixState
@@ -112,6 +113,25 @@ class RunResult:
     marks: list[Mark] = field(default_factory=list)
     crashed_after: float | None = None
     watched_seconds: float = 0.0
+
+
+def result_from_json(data: Mapping[str, Any]) -> RunResult:
+    """A run back from its ``--json`` form, e.g. to render the HTML report of a recorded run again."""
+    fields = dict(data)
+    fields["scheduler"] = SchedulerOutcome(**data["scheduler"])
+    fields["dags"] = {
+        dag_id: DagOutcome(
+            dag_id=dag["dag_id"],
+            run_state=dag["run_state"],
+            tries=[TryRow(**t) for t in dag["tries"]],
+            callbacks={int(n): dict(kinds) for n, kinds in dag["callbacks"].items()},
+            emails={int(n): count for n, count in dag["emails"].items()},
+        )
+        for dag_id, dag in data["dags"].items()
+    }
+    fields["timeline"] = [StateChange(**change) for change in data.get("timeline", [])]
+    fields["marks"] = [Mark(**mark) for mark in data.get("marks", [])]
+    return RunResult(**fields)
 
 
 # --- what this Airflow needs ----------------------------------------------------------------------
@@ -227,6 +247,19 @@ def find_scheduler_crash(log_text: str) -> str | None:
     if match := _EXCEPTION_LINE.search(tail):
         return match.group(0).strip()
     return CRASH_MARKER
+
+
+def find_crash_time(log_text: str) -> float | None:
+    """When the scheduler logged its loop's crash (epoch seconds), from the line's ISO timestamp."""
+    at = log_text.find(CRASH_MARKER)
+    if at < 0:
+        return None
+    line = log_text[log_text.rfind("\n", 0, at) + 1 : at]
+    stamp = line.split(" ", 1)[0].replace("Z", "+00:00")
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return None
 
 
 def find_fix_summary(log_text: str) -> dict[str, str]:

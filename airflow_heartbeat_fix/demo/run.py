@@ -477,6 +477,7 @@ class DemoRun:
         self.procs = Processes(marker=f"{label}-{uuid.uuid4()}")
         self.progress = Progress(f"{label} {config.airflow_version}")
         self.db: Db | None = None
+        self._triggered = time.monotonic(), time.time()  # set again when the Dags are triggered
         self.result = report.RunResult(
             label=label,
             fix_enabled=self.fix_enabled,
@@ -589,6 +590,7 @@ class DemoRun:
         assert self.db is not None
         self.progress.update("triggering Dags", ", ".join(report.DAG_IDS))
         self.db.unpause()
+        self._triggered = time.monotonic(), time.time()
         log = self.home / "logs" / "trigger.log"
         argvs = [[self.airflow, "dags", "trigger", dag_id] for dag_id in report.DAG_IDS]
         codes = self.procs.run(argvs, self.env, log, self.home, timeout=120)
@@ -600,11 +602,11 @@ class DemoRun:
         assert self.db is not None
         db, result, config = self.db, self.result, self.config
         scheduler = self.procs.components["scheduler"]
-        triggered, triggered_at = time.monotonic(), time.time()
+        triggered, triggered_at = self._triggered
         states: dict[tuple[str, int], str | None] = {}
         crashed_at: float | None = None
         terminal_at: float | None = None
-        last_change = triggered
+        last_change = time.monotonic()
         last_seen: Any = None
         while True:
             self.procs.track()
@@ -627,7 +629,8 @@ class DemoRun:
             if error is not None and crashed_at is None:
                 crashed_at = now
                 result.scheduler.crashed, result.scheduler.error = True, error
-                result.crashed_after = now - triggered
+                logged_at = report.find_crash_time(scheduler_log)
+                result.crashed_after = now - triggered if logged_at is None else logged_at - triggered_at
             exit_code = scheduler.exit_code()
             if exit_code is not None:
                 result.scheduler.alive, result.scheduler.exit_code = False, exit_code

@@ -55,7 +55,8 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             str(home),
             "--json",
             str(base / "result.json"),
-            *(["--database", DEMO_DATABASE] if DEMO_DATABASE else []),
+            # The runner names a database for this test alone: resetting it is what it is for.
+            *(["--database", DEMO_DATABASE, "--reset-database"] if DEMO_DATABASE else []),
         ],
         cwd=cwd,
         env=env,
@@ -92,6 +93,7 @@ def test_demo_exits_zero_and_writes_both_runs(demo_run: dict[str, Any]) -> None:
     assert set(result["runs"]) == {"stock", "fixed"}
     assert result["airflow_version"] == installed_airflow_version()
     assert "stock ([heartbeat_fix] enabled=False)" in demo_run["proc"].stdout
+    assert demo_run["proc"].stdout.splitlines()[-1] == f"report: {demo_run['home'] / 'report.html'}"
     assert demo_run["elapsed"] < 420, f"demo took {demo_run['elapsed']:.0f} s"
 
 
@@ -128,6 +130,15 @@ def test_stock_column_reproduces_the_bug(demo_run: dict[str, Any]) -> None:
     else:
         assert stock["reproduced"] is None
     assert stock["reproduced"] is (None if bug is None else True)
+
+
+def test_html_report_has_a_timeline_of_both_runs(demo_run: dict[str, Any]) -> None:
+    page = (demo_run["home"] / "report.html").read_text(encoding="utf-8")
+    assert page.count("<svg xmlns=") == 2  # one timeline per run
+    for run in demo_run["result"]["runs"].values():
+        assert run["timeline"], run["label"]
+        for mark in run["marks"]:  # every recorded callback and email is on the page
+            assert f"for try {mark['try_number']} at {mark['seconds']:.1f} s" in page
 
 
 def test_nothing_left_behind(demo_run: dict[str, Any]) -> None:

@@ -562,13 +562,41 @@ def test_demo_refuses_a_database_with_tables_it_did_not_create(
     assert run.database_tables(url) == before
 
 
+def test_reset_database_says_what_it_will_drop_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from airflow.configuration import conf
+
+    class Started(Exception):
+        pass
+
+    def started(config: run.DemoConfig) -> dict[str, object]:
+        raise Started
+
+    monkeypatch.setattr(demo, "probe_features", started)
+    url = conf.get("database", "sql_alchemy_conn")
+    tables = run.database_tables(url)
+
+    with pytest.raises(Started):
+        demo.main(["--home", str(tmp_path / "home"), "--database", url, "--reset-database"])
+
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "demo: --reset-database: airflow db reset drops the Airflow tables of "
+        f"{run.display_url(url)} ({len(tables)} tables)"
+    )
+    assert run.database_tables(url) == tables
+
+
 def test_database_refusal_allows_empty_own_or_explicitly_reset_databases() -> None:
     url = "postgresql://h/db"
     assert run.database_refusal([], url, reset_allowed=False) is None
     assert run.database_refusal(["dag", run.DEMO_TABLE], url, reset_allowed=False) is None
     assert run.database_refusal(["dag"], url, reset_allowed=True) is None
-    refusal = run.database_refusal([f"t{i}" for i in range(7)], url, reset_allowed=False)
+    refusal = run.database_refusal(
+        [f"t{i}" for i in range(7)], "postgresql://u:secret@h/db", reset_allowed=False
+    )
     assert refusal is not None and "7 tables (t0, t1, t2, t3, t4, ...)" in refusal
+    assert "secret" not in refusal and refusal.startswith("postgresql://u:***@h/db already has")
 
 
 def test_demo_database_mark_lets_the_demo_reset_it_again(tmp_path: Path) -> None:

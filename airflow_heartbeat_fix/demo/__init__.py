@@ -34,6 +34,7 @@ from airflow_heartbeat_fix.demo.run import (
     database_refusal,
     database_tables,
     default_home,
+    display_url,
     ensure_database_exists,
     find_dag_sources,
     installed_airflow_version,
@@ -181,7 +182,7 @@ def check_database(config: DemoConfig) -> str | None:
         raise UsageError(refusal)
     if config.reset_database and tables:
         return (
-            f"--reset-database: airflow db reset drops the Airflow tables of {config.database} "
+            f"--reset-database: airflow db reset drops the Airflow tables of {display_url(config.database)} "
             f"({len(tables)} tables)"
         )
     return None

@@ -159,23 +159,23 @@ def _timeline_svg(result: RunResult, try_numbers: dict[str, list[int]], span: fl
 def _marks_svg(
     marks: Sequence[Mark], dag_id: str, try_number: int, bar_y: float, x: Callable[[float], float]
 ) -> list[str]:
-    """Callbacks above the bar, emails below; repeated marks of one kind stand side by side."""
+    """Callbacks above the bar, emails below, each at its time; a repeated kind stacks outwards."""
     out = []
     seen: Counter[str] = Counter()
     for mark in sorted((m for m in marks if m.dag_id == dag_id and m.try_number == try_number), key=_mark_at):
         nth = seen[mark.kind]
         seen[mark.kind] += 1
         colour = MARK_COLOURS.get(mark.kind, OTHER_STATE_COLOUR)
-        cx = x(mark.seconds) + 9 * nth
+        cx = x(mark.seconds)
         what = MARK_LABELS.get(mark.kind, mark.kind)
         tip = f"<title>{_esc(what)} for try {try_number} at {mark.seconds:.1f} s</title>"
         if mark.kind == EMAIL:
-            y = bar_y + 13
+            y = bar_y + 13 + 9 * nth
             out.append(
                 f'<rect x="{cx - 5:.1f}" y="{y - 4}" width="10" height="8" fill="{colour}">{tip}</rect>'
             )
         else:
-            y = bar_y - 12
+            y = bar_y - 12 - 9 * nth
             out.append(
                 f'<path d="M{cx - 5:.1f},{y - 5} L{cx + 5:.1f},{y - 5} L{cx:.1f},{y + 3} Z" '
                 f'fill="{colour}">{tip}</path>'
@@ -243,10 +243,13 @@ def render_html(results: list[RunResult]) -> str:
     sections = []
     for result in results:
         verdict = verdict_cell(result)
-        good = verdict.startswith(("OK", "bug reproduced"))
+        shows_bug = not result.fix_enabled and bool(result.reproduced)
+        style = "bad" if shows_bug or (result.fix_enabled and result.problems) else "ok"
+        if not result.fix_enabled and not result.reproduced:
+            style = "plain"
         sections.append(
             f"<h2>{_esc(result.label)} ([heartbeat_fix] enabled={result.fix_enabled}): "
-            f'<span class="{"ok" if good else "bad"}">{_esc(verdict)}</span></h2>'
+            f'<span class="{style}">{_esc(verdict)}</span></h2>'
             + _timeline_svg(result, try_numbers, span)
             + _counts_table(result, try_numbers)
         )

@@ -358,15 +358,22 @@ def database_tables(url: str) -> list[str]:
         engine.dispose()
 
 
+def display_url(url: str) -> str:
+    """``url`` with its password masked, for messages."""
+    from sqlalchemy import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
 def database_refusal(tables: list[str], url: str, *, reset_allowed: bool) -> str | None:
     """Why the demo must not reset this database, or None: empty, made by the demo, or reset allowed."""
     if not tables or DEMO_TABLE in tables or reset_allowed:
         return None
     shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
     return (
-        f"{url} already has {len(tables)} tables ({shown}) the demo did not create; it would drop "
-        "Airflow's tables and their data (airflow db reset). Pass --reset-database to allow that, "
-        "or use an empty database"
+        f"{display_url(url)} already has {len(tables)} tables ({shown}) the demo did not create; it "
+        "would drop Airflow's tables and their data (airflow db reset). Pass --reset-database to allow "
+        "that, or use an empty database"
     )
 
 

@@ -805,3 +805,26 @@ def test_demo_writes_the_html_report_and_prints_its_path(
     assert data["runs"]["fixed"]["marks"][0] == {
         "seconds": 17.0, "dag_id": CB, "try_number": 1, "kind": "on_retry_callback"
     }  # fmt: skip
+
+
+RECORDED = Path(__file__).resolve().parent / "data" / "demo-3.3.2-sqlite.json"
+
+
+def test_html_report_of_a_recorded_3_3_run_shows_the_duplicates() -> None:
+    """``--json`` of ``bash scripts/demo.sh --airflow 3.3.2``: stock called each try back twice."""
+    data = json.loads(RECORDED.read_text(encoding="utf-8"))
+    results = [report.result_from_json(r) for r in data["runs"].values()]
+    stock, fixed = results
+
+    page = html_report.render_html(results)
+
+    assert page.count("<svg xmlns=") == 2
+    assert page.count('<td class="off">') == 2  # stock: retry x2 for try 1, failure x2 for try 2
+    assert '<td class="off">retry x2 (expected 1 per try)</td>' in page
+    assert '<td class="off">failure x2 (expected 1 per try)</td>' in page
+    for run_result in results:
+        for mark in run_result.marks:
+            assert f"for try {mark.try_number} at {mark.seconds:.1f} s" in page
+    assert len([m for m in stock.marks if m.kind != report.EMAIL]) == 4
+    assert len([m for m in fixed.marks if m.kind != report.EMAIL]) == 2
+    assert "scheduler crashed" not in page

@@ -587,6 +587,28 @@ def test_reset_database_says_what_it_will_drop_before_it_starts(
     assert run.database_tables(url) == tables
 
 
+@pytest.mark.parametrize(
+    ("database", "code", "message"),
+    [
+        pytest.param("not a url", demo.EXIT_USAGE, "--database 'not a url': Could not parse", id="not-a-url"),
+        pytest.param("nosuch://h/x", demo.EXIT_USAGE, "--database 'nosuch://h/x': Can't load", id="dialect"),
+        pytest.param("sqlite:////nonexistent/x.db", demo.EXIT_ENVIRONMENT,
+                     "cannot connect to sqlite:////nonexistent/x.db: (sqlite3.OperationalError) unable",
+                     id="unreachable"),
+    ],
+)  # fmt: skip
+def test_unusable_database_url_is_one_line(
+    database: str,
+    code: int,
+    message: str,
+    tmp_path: Path,
+    nothing_starts: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert demo.main(["--home", str(tmp_path / "home"), "--database", database]) == code
+    assert _one_line(capsys).startswith(f"demo: {message}")
+
+
 def test_database_refusal_allows_empty_own_or_explicitly_reset_databases() -> None:
     url = "postgresql://h/db"
     assert run.database_refusal([], url, reset_allowed=False) is None

@@ -172,11 +172,18 @@ def check_database(config: DemoConfig) -> str | None:
     """Refuse a ``--database`` with tables the demo did not create; the warning line when resetting it."""
     if config.database is None:
         return None
-    ensure_database_exists(config.database)
+    from sqlalchemy.exc import ArgumentError
+
     try:
+        ensure_database_exists(config.database)
         tables = database_tables(config.database)
+    except ArgumentError as exc:  # not a URL, or a dialect/driver this environment does not have
+        raise UsageError(f"--database {config.database!r}: {exc}") from exc
+    except DemoError:
+        raise
     except Exception as exc:
-        raise DemoError(f"cannot read the tables of --database: {exc}") from exc
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DemoError(f"cannot use --database {display_url(config.database)}: {first_line}") from exc
     refusal = database_refusal(tables, config.database, reset_allowed=config.reset_database)
     if refusal is not None:
         raise UsageError(refusal)

@@ -399,7 +399,8 @@ def ensure_database_exists(url: str) -> None:
             return
     except OperationalError as exc:
         if "does not exist" not in str(exc):
-            raise DemoError(f"cannot connect to {make_url(url).render_as_string()}: {exc}") from exc
+            reason = str(exc).strip().splitlines()[0]  # without SQLAlchemy's "Background on this error" line
+            raise DemoError(f"cannot connect to {make_url(url).render_as_string()}: {reason}") from exc
     finally:
         engine.dispose()
     target = make_url(url)

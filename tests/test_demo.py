@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -482,7 +483,7 @@ def test_stop_all_ends_frozen_supervisors_and_their_children(tmp_path: Path) -> 
 
 
 def test_run_returns_exit_codes_and_logs(tmp_path: Path) -> None:
-    procs = processes.Processes(marker="test-run")
+    procs = processes.Processes(marker=f"test-run-{uuid.uuid4()}")
     log = tmp_path / "run.log"
     argvs = [[sys.executable, "-c", "print('hi')"], [sys.executable, "-c", "raise SystemExit(3)"]]
     assert procs.run(argvs, dict(os.environ), log, tmp_path, timeout=60) == [0, 3]
@@ -490,7 +491,7 @@ def test_run_returns_exit_codes_and_logs(tmp_path: Path) -> None:
 
 
 def test_run_kills_a_command_that_times_out(tmp_path: Path) -> None:
-    procs = processes.Processes(marker="test-timeout")
+    procs = processes.Processes(marker=f"test-timeout-{uuid.uuid4()}")
     argv = [sys.executable, "-c", "import time; time.sleep(60)"]
     started = time.monotonic()
     codes = procs.run([argv], dict(os.environ), tmp_path / "t.log", tmp_path, timeout=0.5)

@@ -39,6 +39,8 @@ DBS = ["sqlite", "postgres"]
 #: stock: AIRFLOW__HEARTBEAT_FIX__ENABLED=False, Airflow as released.
 MODES = ["fixed", "stock"]
 E2E_CELLS = [(NEWEST, "sqlite"), ("3.3.2", "sqlite"), (NEWEST, "postgres")]
+#: A cell that hangs outside a test (pytest-timeout covers the tests) is killed, with its subprocesses.
+CELL_TIMEOUT = 1200
 #: One PostgreSQL database name per checkout, so two clones can test at once on one server.
 CHECKOUT_TAG = hashlib.sha256(str(ROOT).encode()).hexdigest()[:6]
 
@@ -118,7 +120,8 @@ def run_pytest(session: nox.Session, version: str, cell: str, env: dict[str, str
     try:
         with log.open("w") as out:
             session.run(
-                *(str(bin_dir / "python"), "-m", "pytest", "-q", f"--junitxml={RESULTS / cell}.xml", *args),
+                *("timeout", "--kill-after=30", str(CELL_TIMEOUT), str(bin_dir / "python"), "-m", "pytest"),
+                *("-q", f"--junitxml={RESULTS / cell}.xml", *args),
                 *session.posargs,
                 env=env,
                 stdout=out,

@@ -205,7 +205,7 @@ def summary(results: Path, report: Path) -> int:
             if "skipped" in kinds:
                 kind = "xfailed" if kinds["skipped"] == "pytest.xfail" else "skipped"
             counts[kind] += 1
-        print(f"{xml.stem:26}" + ", ".join(f"{n} {kind}" for kind, n in counts.items() if n))
+        print(f"{xml.stem:26}" + (", ".join(f"{n} {kind}" for kind, n in counts.items() if n) or "no tests"))
         passed, failed = passed + counts["passed"], failed + counts["failed"]
         failing_cells |= {xml.stem} if counts["failed"] else set()
     sessions: list[dict[str, Any]] = json.loads(report.read_text())["sessions"] if report.exists() else []

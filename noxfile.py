@@ -44,7 +44,6 @@ CELL_TIMEOUT = 1200
 #: One PostgreSQL database name per checkout, so two clones can test at once on one server.
 CHECKOUT_TAG = hashlib.sha256(str(ROOT).encode()).hexdigest()[:6]
 
-nox.options.error_on_missing_interpreters = True
 nox.options.default_venv_backend = "none"
 
 

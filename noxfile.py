@@ -41,6 +41,10 @@ MODES = ["fixed", "stock"]
 E2E_CELLS = [(NEWEST, "sqlite"), ("3.3.2", "sqlite"), (NEWEST, "postgres")]
 #: A cell that hangs outside a test (pytest-timeout covers the tests) is killed, with its subprocesses.
 CELL_TIMEOUT = 1200
+TWINE = "6.2.0"
+#: What the distributions must carry: the license, the demo's Dags; the tests with their conftest.
+WHEEL_MUST_HOLD = ("licenses/LICENSE", "airflow_heartbeat_fix/demo/dags/retry_after_heartbeat_timeout.py")
+SDIST_MUST_HOLD = ("LICENSE", "tests/conftest.py", "tests/_stand_in/tests_common/pytest_plugin.py")
 #: One PostgreSQL database name per checkout, so two clones can test at once on one server.
 CHECKOUT_TAG = hashlib.sha256(str(ROOT).encode()).hexdigest()[:6]
 
@@ -143,6 +147,67 @@ def lint(session: nox.Session) -> None:
 def breeze_overrides(session: nox.Session) -> None:
     """The Breeze checksum override's tests: plain pytest, no Airflow database."""
     run_pytest(session, NEWEST, cell_name("breeze_overrides", {}), {}, "breeze_overrides/tests")
+
+
+@nox.session(allow_parallel=True)
+def package(session: nox.Session) -> None:
+    """The wheel and sdist build, pass ``twine check --strict`` and carry what they promise."""
+    import tarfile
+    import zipfile
+
+    from uv import find_uv_bin
+
+    dist = RESULTS / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    session.run(find_uv_bin(), "build", "--quiet", "--out-dir", str(dist), str(ROOT), external=True)
+    wheel, sdist = next(dist.glob("*.whl")), next(dist.glob("*.tar.gz"))
+    session.run(
+        *(find_uv_bin(), "tool", "run", "--from", f"twine=={TWINE}", "twine", "check", "--strict"),
+        *(str(wheel), str(sdist)),
+        external=True,
+    )
+    in_wheel = set(zipfile.ZipFile(wheel).namelist())
+    with tarfile.open(sdist) as tar:
+        in_sdist = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    missing = [f"wheel: {name}" for name in WHEEL_MUST_HOLD if not any(n.endswith(name) for n in in_wheel)]
+    missing += [f"sdist: {name}" for name in SDIST_MUST_HOLD if name not in in_sdist]
+    if missing:
+        session.error("missing from the distributions: " + ", ".join(missing))
+
+
+@nox.session(allow_parallel=True)
+@nox.parametrize("airflow", AIRFLOW_VERSIONS)
+def install_check(session: nox.Session, airflow: str) -> None:
+    """``pip install`` of the package next to this Airflow never changes the Airflow that is installed.
+
+    pip, not uv, because that is what operators run; ``--dry-run --report`` lists what pip would change
+    in the environment built with this release's constraints. ``status -o json`` is recorded beside it.
+    """
+    bin_dir = airflow_env(session, airflow)
+    report = RESULTS / f"install-{airflow}.json"
+    session.run(
+        *(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"),
+        *("--dry-run", "--report", str(report), str(ROOT)),
+        external=True,
+    )
+    changed = [item["metadata"]["name"] for item in json.loads(report.read_text())["install"]]
+    if moved := [name for name in changed if name.lower().startswith("apache-airflow")]:
+        session.error(f"pip install would change Airflow {airflow}'s packages: {', '.join(moved)}")
+    home = RESULTS / "cells" / f"install-{airflow}"
+    home.mkdir(parents=True, exist_ok=True)
+    with (RESULTS / f"status-{airflow}.json").open("w") as out:
+        session.run(
+            str(bin_dir / "airflow-heartbeat-fix"),
+            *("status", "-o", "json"),
+            env={
+                "AIRFLOW_HOME": str(home),
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": None,
+                "AIRFLOW_CONFIG": None,
+            },
+            stdout=out,
+            external=True,
+        )
+    session.log(f"Airflow {airflow}: pip would install only {', '.join(changed)}; status recorded")
 
 
 @nox.session(allow_parallel=True)

@@ -92,14 +92,17 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
         # Lock the rows (of=TI) so no worker commits a terminal state between this scan and the purge,
         # and skip rows another scheduler holds so HA schedulers neither wait nor double-handle them.
         # The state filter drops rows that left RUNNING since the stock scan read them.
+        # Primary-key order, so two schedulers never take the same rows' locks in opposite orders.
         locked = with_row_locks(
-            select(TI.id).where(TI.id.in_([ti.id for ti in found]), TI.state.in_(HEARTBEAT_TIMEOUT_STATES)),
+            select(TI.id)
+            .where(TI.id.in_([ti.id for ti in found]), TI.state.in_(HEARTBEAT_TIMEOUT_STATES))
+            .order_by(TI.id),
             of=TI,
             session=session,
             skip_locked=True,
         )
-        locked_ids = set(session.scalars(locked))
-        return [ti for ti in found if ti.id in locked_ids]
+        by_id = {ti.id: ti for ti in found}
+        return [by_id[ti_id] for ti_id in session.scalars(locked)]
 
     def _purge_task_instances_without_heartbeats(
         self, task_instances_without_heartbeats: list[TI], *, session: Session

@@ -183,9 +183,12 @@ def _typed_task_callbacks(
 
     3.2 sends heartbeat-timeout callbacks untyped (so a retryable task gets ``on_failure_callback``) and
     3.3 types them without the task loaded. The stock purge calls ``self.executor.send_callback``; the
-    interception is an instance attribute on that executor, removed when the block ends.
+    interception is an instance attribute on that executor. When the block ends, whatever was there
+    before comes back: the executor's (or another plugin's) own instance attribute, or none, so the
+    class's method is found again. Nested blocks unwind in order.
     """
     sent: list[TaskCallbackRequest] = []
+    own_attribute = vars(executor).get("send_callback", _ABSENT)
     send_callback: Callable[[CallbackRequest], None] = executor.send_callback
 
     def typed_send_callback(request: CallbackRequest) -> None:
@@ -198,7 +201,10 @@ def _typed_task_callbacks(
     try:
         yield sent
     finally:
-        del executor.send_callback
+        if own_attribute is _ABSENT:
+            vars(executor).pop("send_callback", None)
+        else:
+            executor.send_callback = own_attribute  # type: ignore[method-assign]
 
 
 _ABSENT = object()

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from airflow import settings
 from airflow.callbacks.database_callback_sink import DatabaseCallbackSink
+from airflow.utils.session import create_session
 
 if TYPE_CHECKING:
     from airflow.callbacks.callback_requests import CallbackRequest
@@ -14,18 +15,35 @@ if TYPE_CHECKING:
 
 class SessionPreservingCallbackSink(DatabaseCallbackSink):
     """
-    Store callback requests in the caller's session and leave the commit to the caller.
+    Store callback requests in the caller's transaction and leave the commit to the caller.
+
+    Backports the sink half of upstream's fix for the UniqueViolation crash on retry (seed 003; the
+    commit dates from apache/airflow#21731, the crash from #74222, fixed on main and v3-4-test). Delete
+    once the installed ``DatabaseCallbackSink.send`` takes the caller's session (detection then reports
+    ``session_preserving_sink`` "not needed").
 
     Executors call ``send(request)`` without a session, so the stock ``@provide_session`` sink gets the
     scheduler's own thread-local scoped session from ``create_session()`` and commits *and closes* it:
-    every task instance in the scheduler's batch is detached and its row locks are released. Passing
-    that same scoped session explicitly keeps the request in the scheduler's transaction; every
-    scheduler path that sends callbacks commits afterwards (``_do_scheduling`` through
-    :class:`~airflow_heartbeat_fix.scheduler.CommitDagCallbacksMixin`).
+    every task instance in the scheduler's batch is detached and its row locks are released. The
+    contract here:
+
+    * with a session: the request is added to it; the caller commits.
+    * without one, while the thread's scoped session is in a transaction: that is the scheduler loop's
+      session (every scheduler path that sends callbacks has read through it in the same transaction and
+      commits afterwards, ``_do_scheduling`` through
+      :class:`~airflow_heartbeat_fix.scheduler.CommitDagCallbacksMixin`), so the request joins it.
+    * without one otherwise: the stock contract for callers outside that transaction, e.g. one working
+      in a non-scoped session: the request is written and committed in a session of its own.
     """
 
     def send(self, callback: CallbackRequest, *, session: Session | None = None) -> None:
-        super().send(callback, session=session if session is not None else scoped_session())
+        if session is None and scoped_session_in_transaction():
+            session = scoped_session()
+        if session is not None:
+            super().send(callback, session=session)
+            return
+        with create_session(scoped=False) as own_session:
+            super().send(callback, session=own_session)
 
 
 def scoped_session() -> Session:
@@ -33,3 +51,9 @@ def scoped_session() -> Session:
     if settings.Session is None:
         raise RuntimeError("Airflow's ORM is not configured (settings.Session is None)")
     return settings.Session()
+
+
+def scoped_session_in_transaction() -> bool:
+    """Whether the thread's scoped session has begun a transaction, without beginning one."""
+    registry = settings.Session
+    return registry is not None and registry.registry.has() and registry().in_transaction()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -452,9 +451,11 @@ def commit_fails_for_kth(
 @dataclass
 class RandomFinishResult:
     tis: int
+    worker_successes: int
     lost_successes: int
     spurious_callbacks: int
-    inconsistent: int
+    #: tries no worker was told succeeded that did not end failed with exactly one callback
+    other_problems: int
     deadlocks: int
     statements: int
 
@@ -536,13 +537,43 @@ def random_finishes(
         raise error
     return RandomFinishResult(
         tis=len(ti_ids),
+        worker_successes=len(worker.told_success),
         lost_successes=sum(1 for r in results if r.worker_told_success and r.state != "success"),
         spurious_callbacks=sum(r.callbacks for r in results if r.worker_told_success),
-        inconsistent=len(problems(results)),
+        other_problems=len(problems([r for r in results if not r.worker_told_success])),
         deadlocks=deadlocks,
         statements=statements[0],
     )
 
 
-def database_url() -> str:
-    return os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "")
+@dataclass(frozen=True)
+class PassCost:
+    statements: int
+    commits: int
+
+
+def measured_pass(runner: Any) -> PassCost:
+    """One pass with nothing racing it, counting the statements and commits the scheduler thread sends."""
+    from airflow import settings
+
+    counts = {"statements": 0, "commits": 0}
+    scheduler_thread = threading.get_ident()
+
+    def counter(kind: str) -> Callable[..., None]:
+        def count(*_: Any) -> None:
+            if threading.get_ident() == scheduler_thread:
+                counts[kind] += 1
+
+        return count
+
+    listeners = [("before_cursor_execute", counter("statements")), ("commit", counter("commits"))]
+    for name, listener in listeners:
+        event.listen(settings.engine, name, listener)
+    try:
+        error = purge_pass(runner)
+    finally:
+        for name, listener in listeners:
+            event.remove(settings.engine, name, listener)
+    if error is not None:
+        raise error
+    return PassCost(**counts)

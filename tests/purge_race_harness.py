@@ -328,19 +328,25 @@ class Interleaving:
 
 
 @contextlib.contextmanager
-def on_task_callbacks(executor: Any, action: Callable[[Any], None]) -> Iterator[None]:
+def on_task_callbacks(
+    executor: Any, action: Callable[[Any], None], *, after_sending: bool = False
+) -> Iterator[None]:
     """
     Run ``action(request)`` whenever the purge is about to send a task callback: past its re-checks,
     right before that task instance's side effects. The stock 3.2/3.3 purge re-checks nothing, so this
     is the one moment every version has; nothing re-validates between upstream's re-read and it.
+    ``after_sending``: right after the callback was handed to the sink instead.
     """
     own = vars(executor).get("send_callback")
     send_callback = executor.send_callback
 
     def hooked(request: Any) -> None:
-        if type(request).__name__ == "TaskCallbackRequest":
+        is_task_callback = type(request).__name__ == "TaskCallbackRequest"
+        if is_task_callback and not after_sending:
             action(request)
         send_callback(request)
+        if is_task_callback and after_sending:
+            action(request)
 
     executor.send_callback = hooked
     try:
@@ -352,9 +358,13 @@ def on_task_callbacks(executor: Any, action: Callable[[Any], None]) -> Iterator[
             executor.send_callback = own
 
 
-def on_callback_for(executor: Any, ti_id: Any, action: Callable[[], None]) -> Any:
+def on_callback_for(
+    executor: Any, ti_id: Any, action: Callable[[], None], *, after_sending: bool = False
+) -> Any:
     """:func:`on_task_callbacks` for one task instance."""
-    return on_task_callbacks(executor, lambda request: action() if request.ti.id == ti_id else None)
+    return on_task_callbacks(
+        executor, lambda request: action() if request.ti.id == ti_id else None, after_sending=after_sending
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -428,20 +438,49 @@ def commit_fails_for_kth(
     pass raised, what was inconsistent right after it (a callback stored without its state change, or
     the reverse), and the outcome after one more pass.
     """
-    from airflow.utils.state import TaskInstanceState
-
     with failing_commit_of(ti_ids[k]):
         error = purge_pass(runner)
-    after_error = outcomes(session, ti_ids, set())
+    return error, *_half_done_then_next_pass(runner, ti_ids, session)
+
+
+def _half_done_then_next_pass(
+    runner: Any, ti_ids: list[Any], session: Session
+) -> tuple[list[str], list[TryOutcome]]:
+    """Tries left with a callback but no state change (or the reverse); then the outcome of one more pass."""
+    from airflow.utils.state import TaskInstanceState
+
     half_done = [
         f"try {index} ({r.ti_id}): state {r.state} with {r.callbacks} callback(s)"
-        for index, r in enumerate(after_error)
+        for index, r in enumerate(outcomes(session, ti_ids, set()))
         if (r.state in (TaskInstanceState.RUNNING, TaskInstanceState.RESTARTING)) != (r.callbacks == 0)
     ]
     second = purge_pass(runner)
     if second is not None:
         raise second
-    return error, half_done, outcomes(session, ti_ids, set())
+    return half_done, outcomes(session, ti_ids, set())
+
+
+def connection_killed_after_callback_for_kth(
+    runner: Any, ti_ids: list[Any], k: int, session: Session
+) -> tuple[BaseException | None, list[str], list[TryOutcome]]:
+    """
+    ``pg_terminate_backend`` of the scheduler's connection right after the k-th task instance's callback
+    was handed to the sink, as a failover or an administrator would. Returns what
+    :func:`commit_fails_for_kth` returns.
+    """
+    from airflow import settings
+
+    def terminate_scheduler_connection() -> None:
+        scheduler = settings.Session()
+        pid = scheduler.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        admin_engine = create_engine(settings.engine.url, poolclass=NullPool)
+        with admin_engine.connect() as admin:
+            admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        admin_engine.dispose()
+
+    with on_callback_for(runner.executor, ti_ids[k], terminate_scheduler_connection, after_sending=True):
+        error = purge_pass(runner)
+    return error, *_half_done_then_next_pass(runner, ti_ids, session)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -112,6 +112,21 @@ class TestHeartbeatPurgeRowLocks:
         assert half_done == []
         assert harness.problems(results) == []
 
+    def test_connection_killed_mid_purge_keeps_callback_and_state_together(
+        self, runner: Any, stale_batch: list[Any], session: Session
+    ) -> None:
+        """
+        ``pg_terminate_backend`` of the scheduler's connection right after the second task instance's
+        callback was handed to the sink. Same guarantees as a failed commit.
+        """
+        error, half_done, results = harness.connection_killed_after_callback_for_kth(
+            runner, stale_batch, 1, session
+        )
+
+        assert isinstance(error, OperationalError), "the purge never noticed its connection was gone"
+        assert half_done == []
+        assert harness.problems(results) == []
+
 
 class TestTypedTaskCallbacks:
     """The backport's interception of ``executor.send_callback`` leaves the executor as it found it."""

@@ -15,6 +15,7 @@ Stock runs must fail where ``parity/expectations.toml`` says the bugs are; fixed
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -25,7 +26,7 @@ from sqlalchemy import delete
 from sqlalchemy.exc import OperationalError
 from tests_common.test_utils.db import clear_db_callbacks, clear_db_jobs, clear_db_logs, clear_db_runs
 
-from airflow_heartbeat_fix.scheduler import _typed_task_callbacks
+from airflow_heartbeat_fix.scheduler import _typed_task_callbacks, changed_since_scan
 from tests import purge_race_harness as harness
 
 if TYPE_CHECKING:
@@ -159,3 +160,32 @@ class TestTypedTaskCallbacks:
         with _typed_task_callbacks(executor, "a", TaskInstanceState.FAILED):
             assert "send_callback" in vars(executor)
         assert "send_callback" not in vars(executor)
+
+
+class TestChangedSinceScan:
+    """The re-validation under the lock: the heartbeat-timeout scan's own criteria, row by row."""
+
+    NOW = datetime(2026, 1, 1, 12, tzinfo=timezone.utc)
+    STALE = NOW - timedelta(hours=1)
+
+    @pytest.mark.parametrize(
+        ("changes", "expected"),
+        [
+            pytest.param({}, None, id="still timed out"),
+            pytest.param({"state": "restarting"}, None, id="restarting is scanned too"),
+            pytest.param({"state": "success"}, "no longer running", id="worker finished"),
+            pytest.param({"state": "failed"}, "no longer running", id="another scheduler failed it"),
+            pytest.param({"last_heartbeat_at": NOW}, "heartbeated", id="fresh heartbeat"),
+            pytest.param({"last_heartbeat_at": None}, "heartbeated", id="no heartbeat at all"),
+            pytest.param({"queued_by_job_id": 8}, "adopted by scheduler job 8", id="adopted"),
+            pytest.param({"working_set": None}, "archived try", id="archived try (3.4)"),
+            pytest.param({"working_set": True}, None, id="live try (3.4)"),
+        ],
+    )
+    def test_scan_criteria(self, changes: dict[str, Any], expected: str | None) -> None:
+        row = {"state": "running", "last_heartbeat_at": self.STALE, "queued_by_job_id": 7, **changes}
+        stale_before = self.NOW - timedelta(minutes=5)
+
+        changed = changed_since_scan(row, job_id=7, stale_before=stale_before)
+
+        assert changed is None if expected is None else (changed is not None and expected in changed)

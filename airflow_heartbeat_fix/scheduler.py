@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow._shared.observability.metrics.stats import Stats
-from airflow._shared.timezones import timezone
 from airflow.callbacks.callback_requests import EmailRequest, TaskCallbackRequest
 from airflow.exceptions import DagNotFound
 from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
@@ -30,7 +29,6 @@ from airflow_heartbeat_fix.detection import LOCK_FIX, PURGE_FIX, SINK_FIX
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
-    from datetime import datetime
 
     from airflow.callbacks.callback_requests import CallbackRequest, DagCallbackRequest
     from airflow.executors.base_executor import BaseExecutor
@@ -257,7 +255,8 @@ class LockedPurgeRevalidationMixin(SchedulerJobRunner):
             select(*TI.__table__.columns).where(TI.id == ti.id), of=TI, session=session, skip_locked=True
         )
         row = session.execute(locked_row).mappings().one_or_none()
-        stale_before = timezone.utcnow() - timedelta(seconds=self._task_instance_heartbeat_timeout_secs)
+        timeout = timedelta(seconds=self._task_instance_heartbeat_timeout_secs)
+        stale_before = datetime.now(tz=timezone.utc) - timeout
         if row is None:
             changed: str | None = "is held by another transaction (or gone)"
         else:

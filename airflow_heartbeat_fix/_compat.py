@@ -21,7 +21,7 @@ except ImportError:  # 3.0/3.1.
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-__all__ = ["Stats", "scoped_session", "with_row_locks"]
+__all__ = ["Stats", "scoped_session", "scoped_session_in_transaction", "with_row_locks"]
 
 
 def scoped_session() -> Session:
@@ -29,3 +29,9 @@ def scoped_session() -> Session:
     if settings.Session is None:
         raise RuntimeError("Airflow's ORM is not configured (settings.Session is None)")
     return settings.Session()
+
+
+def scoped_session_in_transaction() -> bool:
+    """Whether the thread's scoped session has begun a transaction, without beginning one."""
+    registry = settings.Session
+    return registry is not None and registry.registry.has() and registry().in_transaction()

@@ -1,7 +1,7 @@
 """
 Decide which fixes the installed Airflow needs, from Airflow's own code rather than its version string.
 
-Two facts are read off the installed classes (:func:`read_facts`); everything else is the pure
+Three facts are read off the installed classes (:func:`read_facts`); everything else is the pure
 function :func:`decide`, so the decision table is testable without any particular Airflow installed.
 """
 
@@ -13,11 +13,14 @@ from typing import Any
 
 SINK_FIX = "session_preserving_sink"
 PURGE_FIX = "converged_heartbeat_purge"
-FIXES = (SINK_FIX, PURGE_FIX)
+LOCK_FIX = "locked_purge_revalidation"
+FIXES = (SINK_FIX, PURGE_FIX, LOCK_FIX)
 
 FIX_TITLES = {
     SINK_FIX: "callback sink keeps the scheduler's session (UniqueViolation crash, detached batches)",
     PURGE_FIX: "heartbeat-timeout purge converges the task instance (duplicate callbacks)",
+    LOCK_FIX: "heartbeat-timeout purge holds each task instance's row lock through its failure "
+    "(a worker's SUCCESS overwritten, failure callback for a task that succeeded)",
 }
 
 #: Scheduler methods the fixes wrap; a version without any of them is a shape we do not understand.
@@ -36,12 +39,13 @@ class FixState(str, enum.Enum):
 
 @dataclass(frozen=True)
 class AirflowFacts:
-    """What the installed Airflow's code says about the two bugs; ``None`` means "not recognised"."""
+    """What the installed Airflow's code says about the bugs; ``None`` means "not recognised"."""
 
     version: str
     sink_commits_caller_session: bool | None
     purge_converges: bool | None
     missing_hooks: tuple[str, ...] = ()
+    purge_locks_each_ti: bool | None = False
 
 
 @dataclass(frozen=True)
@@ -107,10 +111,42 @@ def _decide_purge(facts: AirflowFacts, enabled: bool, sink: FixDecision) -> FixD
     )
 
 
+def _decide_lock(facts: AirflowFacts, enabled: bool, sink: FixDecision, purge: FixDecision) -> FixDecision:
+    fact = facts.purge_locks_each_ti
+    if unsupported := _unrecognised(facts, LOCK_FIX, PURGE_FIX_HOOKS, fact, "the heartbeat-timeout purge"):
+        return unsupported
+    if fact:
+        return FixDecision(
+            LOCK_FIX, FixState.NOT_NEEDED, "the purge already re-reads each task instance under its row lock"
+        )
+    if not enabled:
+        return FixDecision(LOCK_FIX, FixState.DISABLED, "[heartbeat_fix] enabled = False")
+    usable = (FixState.ACTIVE, FixState.NOT_NEEDED)
+    if purge.state not in usable:
+        # The stock 3.2/3.3 purge never changes the state: there is nothing to hold a lock through.
+        return FixDecision(
+            LOCK_FIX,
+            FixState.UNSUPPORTED,
+            "needs a converged purge (upstream's or the backport), which is not active",
+        )
+    if sink.state not in usable:
+        # A sink that commits the scheduler's session releases the lock before handle_failure().
+        return FixDecision(
+            LOCK_FIX, FixState.UNSUPPORTED, "needs the session-preserving callback sink, which is not active"
+        )
+    return FixDecision(
+        LOCK_FIX,
+        FixState.ACTIVE,
+        "handle_failure() commits per task instance, releasing the batch's row locks, and the re-check "
+        "before each task instance's side effects reads without a lock",
+    )
+
+
 def decide(facts: AirflowFacts, *, enabled: bool) -> dict[str, FixDecision]:
     """Map the facts about an installation to one decision per fix."""
     sink = _decide_sink(facts, enabled)
-    return {SINK_FIX: sink, PURGE_FIX: _decide_purge(facts, enabled, sink)}
+    purge = _decide_purge(facts, enabled, sink)
+    return {SINK_FIX: sink, PURGE_FIX: purge, LOCK_FIX: _decide_lock(facts, enabled, sink, purge)}
 
 
 def _names_used(func: Any) -> frozenset[str] | None:
@@ -164,6 +200,28 @@ def purge_converges(runner_cls: type) -> bool | None:
     return False
 
 
+def _keyword_names(code: Any) -> frozenset[str]:
+    """Keyword-argument names passed in ``code`` (CPython keeps them as tuples of strings in co_consts)."""
+    tuples = (const for const in code.co_consts if isinstance(const, tuple))
+    return frozenset(name for names in tuples for name in names if isinstance(name, str))
+
+
+def purge_locks_each_ti(runner_cls: type) -> bool | None:
+    """
+    Whether the purge re-reads each task instance under a row lock right before failing it.
+
+    ``handle_failure`` commits per task instance, which releases the scan's locks on the rest of the
+    batch; only a purge that locks again (``with_row_locks``/``with_for_update``, or
+    ``refresh_from_db(lock_for_update=...)``) keeps a worker's SUCCESS from being overwritten.
+    """
+    purge = getattr(runner_cls, "_purge_task_instances_without_heartbeats", None)
+    code = getattr(purge, "__code__", None)
+    if code is None or "send_callback" not in code.co_names:
+        return None
+    names = set(code.co_names) | _keyword_names(code)
+    return bool(names & {"with_row_locks", "with_for_update", "lock_for_update"})
+
+
 def read_facts(*, version: str, sink_cls: type, runner_cls: type) -> AirflowFacts:
     """Inspect Airflow's own (unpatched) sink and scheduler classes."""
     missing = tuple(hook for hook in (*SINK_FIX_HOOKS, *PURGE_FIX_HOOKS) if not hasattr(runner_cls, hook))
@@ -172,4 +230,5 @@ def read_facts(*, version: str, sink_cls: type, runner_cls: type) -> AirflowFact
         sink_commits_caller_session=sink_commits_caller_session(sink_cls),
         purge_converges=purge_converges(runner_cls),
         missing_hooks=missing,
+        purge_locks_each_ti=purge_locks_each_ti(runner_cls),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow.callbacks.callback_requests import EmailRequest, TaskCallbackRequest
@@ -17,14 +18,15 @@ from airflow.exceptions import DagNotFound
 from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
 from airflow.models.taskinstance import TaskInstance as TI
 from airflow.utils.state import TaskInstanceState
-from sqlalchemy import select
+from sqlalchemy import inspect, select
+from sqlalchemy.orm.attributes import set_committed_value
 
 from airflow_heartbeat_fix import session_binding
 from airflow_heartbeat_fix._compat import Stats, scoped_session, with_row_locks
-from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX
+from airflow_heartbeat_fix.detection import LOCK_FIX, PURGE_FIX, SINK_FIX
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Mapping
 
     from airflow.callbacks.callback_requests import CallbackRequest, DagCallbackRequest
     from airflow.executors.base_executor import BaseExecutor
@@ -38,6 +40,11 @@ HEARTBEAT_TIMEOUT_STATES = (TaskInstanceState.RUNNING, TaskInstanceState.RESTART
 class CommitDagCallbacksMixin(SchedulerJobRunner):
     """
     Session-preserving sink, scheduler side: commit where the stock sink used to, and nowhere else.
+
+    Backports the scheduler half of upstream's sink fix (seed 003: ``DatabaseCallbackSink.send`` stops
+    committing the caller's session, crash since apache/airflow#74222, backported to v3-4-test). Delete
+    once the installed sink takes the caller's session (detection reports ``session_preserving_sink``
+    "not needed").
 
     ``_do_scheduling`` sends Dag-level callbacks and then runs the critical section, which expunges the
     session and can roll it back: it relied on the stock sink's commit, so it now commits after each
@@ -61,6 +68,9 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
     """
     Backport of the converged heartbeat-timeout purge to schedulers that only send the callback.
 
+    Backports upstream's fix for apache/airflow#42553 (seed 000, shipped in 3.4.0b1) to 3.2/3.3. Delete
+    once the oldest supported Airflow ships the converged purge (detection reports it "not needed").
+
     The stock purge sends a ``TaskCallbackRequest`` and leaves the task instance RUNNING, so the next
     scan sends another one for the same try. Here the scan locks its rows, the purge re-validates them,
     loads ``ti.task`` (for ``fail_fast``, retries and email settings), types the callback by retry
@@ -78,24 +88,23 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
         # Lock the rows (of=TI) so no worker commits a terminal state between this scan and the purge,
         # and skip rows another scheduler holds so HA schedulers neither wait nor double-handle them.
         # The state filter drops rows that left RUNNING since the stock scan read them.
+        # Primary-key order, so two schedulers never take the same rows' locks in opposite orders.
         locked = with_row_locks(
-            select(TI.id).where(TI.id.in_([ti.id for ti in found]), TI.state.in_(HEARTBEAT_TIMEOUT_STATES)),
+            select(TI.id)
+            .where(TI.id.in_([ti.id for ti in found]), TI.state.in_(HEARTBEAT_TIMEOUT_STATES))
+            .order_by(TI.id),
             of=TI,
             session=session,
             skip_locked=True,
         )
-        locked_ids = set(session.scalars(locked))
-        return [ti for ti in found if ti.id in locked_ids]
+        by_id = {ti.id: ti for ti in found}
+        return [by_id[ti_id] for ti_id in session.scalars(locked)]
 
     def _purge_task_instances_without_heartbeats(
         self, task_instances_without_heartbeats: list[TI], *, session: Session
     ) -> None:
         for ti in task_instances_without_heartbeats:
-            # Per task instance and right before its side effects, as upstream does: handle_failure()
-            # commits (TaskInstance.save_to_db), which releases the scan's row locks for the rest of
-            # the batch, and SQLite has no row locks at all.
-            ti.refresh_from_db(session=session)
-            if ti.state not in HEARTBEAT_TIMEOUT_STATES:
+            if not self._still_running_before_purge(ti, session=session):
                 self.log.info(
                     "Task instance %s is no longer running (state=%s); skipping heartbeat-timeout purge",
                     ti,
@@ -121,6 +130,17 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
             Stats.incr(
                 "heartbeat_fix.heartbeat_timeout.converged", tags={"dag_id": ti.dag_id, "task_id": ti.task_id}
             )
+
+    def _still_running_before_purge(self, ti: TI, *, session: Session) -> bool:
+        """
+        Re-read ``ti`` right before its side effects, as upstream does, and say whether it still runs.
+
+        Per task instance: handle_failure() commits (TaskInstance.save_to_db), which releases the scan's
+        row locks for the rest of the batch, and SQLite has no row locks at all. This read takes no lock;
+        :class:`LockedPurgeRevalidationMixin` replaces it with a locked one when that fix is active.
+        """
+        ti.refresh_from_db(session=session)
+        return ti.state in HEARTBEAT_TIMEOUT_STATES
 
     def _load_task(self, ti: TI, *, session: Session) -> Any:
         """The serialized task, or ``None`` (the task instance is still failed, without task context)."""
@@ -159,9 +179,12 @@ def _typed_task_callbacks(
 
     3.2 sends heartbeat-timeout callbacks untyped (so a retryable task gets ``on_failure_callback``) and
     3.3 types them without the task loaded. The stock purge calls ``self.executor.send_callback``; the
-    interception is an instance attribute on that executor, removed when the block ends.
+    interception is an instance attribute on that executor. When the block ends, whatever was there
+    before comes back: the executor's (or another plugin's) own instance attribute, or none, so the
+    class's method is found again. Nested blocks unwind in order.
     """
     sent: list[TaskCallbackRequest] = []
+    own_attribute = vars(executor).get("send_callback", _ABSENT)
     send_callback: Callable[[CallbackRequest], None] = executor.send_callback
 
     def typed_send_callback(request: CallbackRequest) -> None:
@@ -174,13 +197,111 @@ def _typed_task_callbacks(
     try:
         yield sent
     finally:
-        del executor.send_callback
+        if own_attribute is _ABSENT:
+            vars(executor).pop("send_callback", None)
+        else:
+            executor.send_callback = own_attribute  # type: ignore[method-assign]
+
+
+_ABSENT = object()
+
+
+class LockedPurgeRevalidationMixin(SchedulerJobRunner):
+    """
+    Hold each task instance's row lock from its re-validation through its own commit.
+
+    Closes the gap upstream names as a known issue of its converged purge (seed 003, "Known issues";
+    still in 3.4.0b2), which the 3.2/3.3 backport shares: the scan locks the batch, but
+    ``handle_failure`` commits per task instance (``TaskInstance.save_to_db``), releasing every other
+    row's lock, and the re-check before each task instance's side effects reads without a lock. A
+    worker's SUCCESS committed in between is overwritten and a failure callback is sent for a task that
+    succeeded. Here each task instance is handed to the purge alone, right after one statement that
+    locks its row (``FOR UPDATE ... SKIP LOCKED``: a row a worker or another scheduler holds is being
+    changed by them, and nobody ever waits) and re-validates it against the scan's criteria; the lock
+    is held until that task instance's own commit. Delete once an Airflow release's purge re-reads each
+    task instance under its row lock (detection then reports this fix "not needed").
+
+    SQLite has no row locks, and MariaDB and MySQL < 8 ignore them (``with_row_locks`` renders nothing,
+    as for the scan): there the re-validation still happens, but nothing stops a worker committing
+    between it and the side effects.
+    """
+
+    #: The task instance whose re-validation under its row lock is in force (one at a time).
+    _ti_revalidated_under_lock: Any = None
+
+    def _purge_task_instances_without_heartbeats(
+        self, task_instances_without_heartbeats: list[TI], *, session: Session
+    ) -> None:
+        for ti in task_instances_without_heartbeats:
+            if not self._lock_if_still_without_heartbeat(ti, session=session):
+                continue
+            self._ti_revalidated_under_lock = ti.id
+            try:
+                super()._purge_task_instances_without_heartbeats([ti], session=session)
+            finally:
+                self._ti_revalidated_under_lock = None
+
+    def _still_running_before_purge(self, ti: TI, *, session: Session) -> bool:
+        """The backport's own re-read: already done under the row lock for this task instance."""
+        if ti.id == self._ti_revalidated_under_lock:
+            return True
+        return self._lock_if_still_without_heartbeat(ti, session=session)
+
+    def _lock_if_still_without_heartbeat(self, ti: TI, *, session: Session) -> bool:
+        """Lock ``ti``'s row, reload it, and say whether the scan would still select it; log a skip."""
+        locked_row = with_row_locks(
+            select(*TI.__table__.columns).where(TI.id == ti.id), of=TI, session=session, skip_locked=True
+        )
+        row = session.execute(locked_row).mappings().one_or_none()
+        timeout = timedelta(seconds=self._task_instance_heartbeat_timeout_secs)
+        stale_before = datetime.now(tz=timezone.utc) - timeout
+        if row is None:
+            changed: str | None = "is held by another transaction (or gone)"
+        else:
+            changed = changed_since_scan(row, job_id=self.job.id, stale_before=stale_before)
+        if changed is not None or row is None:
+            self.log.info("Task instance %s %s; skipping its heartbeat-timeout purge", ti, changed)
+            Stats.incr("heartbeat_fix.heartbeat_timeout.skipped_changed", tags={"dag_id": ti.dag_id})
+            return False
+        _load_row_into(ti, row)
+        return True
+
+
+def changed_since_scan(row: Mapping[Any, Any], *, job_id: int | None, stale_before: datetime) -> str | None:
+    """
+    How a task instance's locked row no longer matches the heartbeat-timeout scan, or ``None``.
+
+    The scan's criteria are the same on 3.2 to 3.4: RUNNING or RESTARTING, last heartbeat older than
+    ``[scheduler] task_instance_heartbeat_timeout``, queued by this scheduler's job; on 3.4 the scan
+    sees only the live try of each task (``working_set``), so an archived try no longer matches.
+    """
+    if row["state"] not in HEARTBEAT_TIMEOUT_STATES:
+        return f"is no longer running (state={row['state']})"
+    if row["last_heartbeat_at"] is None or row["last_heartbeat_at"] >= stale_before:
+        return "heartbeated since the scan"
+    if row["queued_by_job_id"] != job_id:
+        return f"was adopted by scheduler job {row['queued_by_job_id']}"
+    if "working_set" in row and row["working_set"] is None:
+        return "is an archived try"
+    return None
+
+
+def _load_row_into(ti: TI, row: Mapping[Any, Any]) -> None:
+    """Set ``ti``'s column attributes to the freshly locked row, as committed values (nothing to flush)."""
+    for column_attr in inspect(TI).column_attrs:
+        name = column_attr.columns[0].name
+        if name in row:
+            set_committed_value(ti, column_attr.key, row[name])
 
 
 MIXINS: dict[str, type[SchedulerJobRunner]] = {
     SINK_FIX: CommitDagCallbacksMixin,
     PURGE_FIX: ConvergedHeartbeatPurgeMixin,
+    LOCK_FIX: LockedPurgeRevalidationMixin,
 }
+#: MRO order: the lock hands single task instances to the purge (backport or stock), which sends
+#: callbacks through the sink's session.
+MIXIN_ORDER = (LOCK_FIX, PURGE_FIX, SINK_FIX)
 
 
 class AnnounceFixesMixin(SchedulerJobRunner):
@@ -197,8 +318,8 @@ class AnnounceFixesMixin(SchedulerJobRunner):
 def build_runner_class(
     active_fixes: tuple[str, ...], base: type[SchedulerJobRunner] = SchedulerJobRunner
 ) -> type[SchedulerJobRunner]:
-    """The scheduler runner class with the mixins of ``active_fixes`` (purge before sink in the MRO)."""
-    mixins = tuple(MIXINS[fix] for fix in (PURGE_FIX, SINK_FIX) if fix in active_fixes)
+    """The scheduler runner class with the mixins of ``active_fixes``, in :data:`MIXIN_ORDER`."""
+    mixins = tuple(MIXINS[fix] for fix in MIXIN_ORDER if fix in active_fixes)
     if not mixins:
         return base
     return type(

@@ -6,12 +6,14 @@ import pytest
 
 from airflow_heartbeat_fix import activation
 from airflow_heartbeat_fix.detection import (
+    LOCK_FIX,
     PURGE_FIX,
     SINK_FIX,
     AirflowFacts,
     FixState,
     decide,
     purge_converges,
+    purge_locks_each_ti,
     sink_commits_caller_session,
 )
 
@@ -19,30 +21,39 @@ A, N, D, U = FixState.ACTIVE, FixState.NOT_NEEDED, FixState.DISABLED, FixState.U
 
 
 @pytest.mark.parametrize(
-    ("sink_commits", "converges", "missing", "enabled", "expected"),
+    ("sink_commits", "converges", "locks", "missing", "enabled", "expected"),
     [
-        pytest.param(True, False, (), True, (A, A), id="3.2/3.3 shape"),
-        pytest.param(True, True, (), True, (A, N), id="3.4 beta shape"),
-        pytest.param(False, True, (), True, (N, N), id="both fixed upstream"),
-        pytest.param(True, False, (), False, (D, D), id="off switch"),
-        pytest.param(False, True, (), False, (N, N), id="off switch, nothing needed"),
-        pytest.param(None, False, (), True, (U, U), id="unknown sink: purge needs it"),
-        pytest.param(True, None, (), True, (A, U), id="unknown purge"),
-        pytest.param(True, False, ("_purge_task_instances_without_heartbeats",), True, (A, U), id="no purge"),
-        pytest.param(True, False, ("_process_executor_events",), True, (U, U), id="no executor events"),
+        pytest.param(True, False, False, (), True, (A, A, A), id="3.2/3.3 shape"),
+        pytest.param(True, True, False, (), True, (A, N, A), id="3.4 beta shape"),
+        pytest.param(False, True, False, (), True, (N, N, A), id="sink fixed upstream, lock hole left"),
+        pytest.param(False, True, True, (), True, (N, N, N), id="all fixed upstream"),
+        pytest.param(True, True, True, (), True, (A, N, N), id="purge locks per task instance upstream"),
+        pytest.param(True, False, False, (), False, (D, D, D), id="off switch"),
+        pytest.param(False, True, True, (), False, (N, N, N), id="off switch, nothing needed"),
+        pytest.param(False, True, False, (), False, (N, N, D), id="off switch, lock needed"),
+        pytest.param(None, False, False, (), True, (U, U, U), id="unknown sink: purge and lock need it"),
+        pytest.param(None, True, False, (), True, (U, N, U), id="unknown sink under upstream purge"),
+        pytest.param(True, None, False, (), True, (A, U, U), id="unknown purge: lock needs a converged one"),
+        pytest.param(True, False, None, (), True, (A, A, U), id="unknown lock shape"),
+        pytest.param(
+            True, False, False, ("_purge_task_instances_without_heartbeats",), True, (A, U, U), id="no purge"
+        ),
+        pytest.param(
+            True, False, False, ("_process_executor_events",), True, (U, U, U), id="no executor events"
+        ),
     ],
 )
-def test_decide(sink_commits, converges, missing, enabled, expected):
-    facts = AirflowFacts("9.9.9", sink_commits, converges, missing)
+def test_decide(sink_commits, converges, locks, missing, enabled, expected):
+    facts = AirflowFacts("9.9.9", sink_commits, converges, missing, purge_locks_each_ti=locks)
     decided = decide(facts, enabled=enabled)
-    assert (decided[SINK_FIX].state, decided[PURGE_FIX].state) == expected
+    assert (decided[SINK_FIX].state, decided[PURGE_FIX].state, decided[LOCK_FIX].state) == expected
     for decision in decided.values():
         if decision.state is U:
-            assert "9.9.9" in decision.reason or "sink" in decision.reason
+            assert "9.9.9" in decision.reason or "not active" in decision.reason
 
 
 def test_unsupported_shape_is_not_patched():
-    facts = AirflowFacts("9.9.9", None, None)
+    facts = AirflowFacts("9.9.9", None, None, purge_locks_each_ti=None)
     assert not [d for d in decide(facts, enabled=True).values() if d.state is A]
 
 
@@ -83,6 +94,32 @@ def test_purge_shapes():
     assert purge_converges(object) is None
 
 
+def test_lock_shapes():
+    class Unlocked:
+        def _purge_task_instances_without_heartbeats(self, tis, session):
+            for ti in tis:
+                ti.refresh_from_db(session=session)
+                self.executor.send_callback(ti)
+                ti.handle_failure(session=session)
+
+    class RefreshLocked:
+        def _purge_task_instances_without_heartbeats(self, tis, session):
+            for ti in tis:
+                ti.refresh_from_db(session=session, lock_for_update=True)
+                self.executor.send_callback(ti)
+
+    class RowLocked:
+        def _purge_task_instances_without_heartbeats(self, tis, session):
+            for ti in tis:
+                session.execute(with_row_locks(ti, session=session))  # noqa: F821
+                self.executor.send_callback(ti)
+
+    assert purge_locks_each_ti(Unlocked) is False
+    assert purge_locks_each_ti(RefreshLocked) is True
+    assert purge_locks_each_ti(RowLocked) is True
+    assert purge_locks_each_ti(object) is None
+
+
 def test_facts_of_this_airflow_are_recognised():
     """Every supported version has the shape detection reads; which bugs it has is checked at collection
     (tests/conftest.py compares detection with parity/expectations.toml)."""
@@ -90,3 +127,4 @@ def test_facts_of_this_airflow_are_recognised():
     assert facts.missing_hooks == ()
     assert facts.sink_commits_caller_session is not None
     assert facts.purge_converges is not None
+    assert facts.purge_locks_each_ti is not None

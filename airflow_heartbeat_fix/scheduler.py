@@ -68,8 +68,9 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
     """
     Backport of the converged heartbeat-timeout purge to schedulers that only send the callback.
 
-    Backports upstream's fix for apache/airflow#42553 (seed 000, shipped in 3.4.0b1) to 3.2/3.3. Delete
-    once the oldest supported Airflow ships the converged purge (detection reports it "not needed").
+    Backports apache/airflow#68008 (closes #42553; seed 000, shipped in 3.4.0b1) and the callback type of
+    #66767 (closes #65400; 3.3.1+) to 3.2/3.3. Delete once the oldest supported Airflow ships the
+    converged purge (detection reports it "not needed").
 
     The stock purge sends a ``TaskCallbackRequest`` and leaves the task instance RUNNING, so the next
     scan sends another one for the same try. Here the scan locks its rows, the purge re-validates them,

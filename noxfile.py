@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import nox
+import tomllib
 from nox.command import CommandFailed
 
 if TYPE_CHECKING:
@@ -32,12 +33,17 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "test-results"
-AIRFLOW_VERSIONS = ["3.2.2", "3.3.2", "3.4.0b1", "3.4.0b2"]
+#: The releases come from parity/expectations.toml, the one place that names them: the full matrix
+#: for ``versions`` (the newest patch of each minor line), SQLite only for the ``sweep`` of the others.
+MATRIX = tomllib.loads((ROOT / "parity" / "expectations.toml").read_text())["matrix"]
+FULL, SWEEP = list(MATRIX["versions"]), list(MATRIX.get("sweep", []))
+AIRFLOW_VERSIONS = FULL + SWEEP
 #: The newest Airflow: its environment also runs lint, breeze_overrides, parity and the demo.
-NEWEST = AIRFLOW_VERSIONS[-1]
-DBS = ["sqlite", "postgres"]
+NEWEST = FULL[-1]
+DBS = list(MATRIX["dbs"])
 #: stock: AIRFLOW__HEARTBEAT_FIX__ENABLED=False, Airflow as released.
-MODES = ["fixed", "stock"]
+MODES = list(MATRIX["modes"])
+CELLS = [*itertools.product(FULL, DBS, MODES), *itertools.product(SWEEP, ["sqlite"], MODES)]
 E2E_CELLS = [(NEWEST, "sqlite"), ("3.3.2", "sqlite"), (NEWEST, "postgres")]
 #: A cell that hangs outside a test (pytest-timeout covers the tests) is killed, with its subprocesses.
 CELL_TIMEOUT = 1200
@@ -211,7 +217,7 @@ def install_check(session: nox.Session, airflow: str) -> None:
 
 
 @nox.session(allow_parallel=True)
-@nox.parametrize(("airflow", "db", "mode"), list(itertools.product(AIRFLOW_VERSIONS, DBS, MODES)))
+@nox.parametrize(("airflow", "db", "mode"), CELLS)
 def tests(session: nox.Session, airflow: str, db: str, mode: str) -> None:
     """tests/ on an empty database; stock: the fix off, each needed fix's tests a strict xfail."""
     cell = cell_name("tests", {"airflow": airflow, "db": db, "mode": mode})

@@ -2,9 +2,10 @@
 # The project's test command: bash scripts/test.sh [NOX ARGS...] [-- PYTEST ARGS...]
 #
 # Runs the default sessions of noxfile.py with nox (bootstrapped by scripts/nox.sh), two at a time
-# (nox --parallel 2; the machine has 2 cores): lint, breeze_overrides, the 16 cells
-# tests(airflow, db, mode) = Airflow 3.2.2 3.3.2 3.4.0b1 3.4.0b2 x sqlite postgres x fixed stock,
-# then, one at a time, the demo end to end e2e(airflow, db) and parity.
+# (nox --parallel 2; the machine has 2 cores): lint, breeze_overrides, package, install_check per
+# release, the cells tests(airflow, db, mode) = the releases of parity/expectations.toml's [matrix]
+# (versions: sqlite and postgres; sweep: sqlite) x fixed stock, then, one at a time, the demo end to
+# end e2e(airflow, db) and parity.
 # Stock mode runs with AIRFLOW__HEARTBEAT_FIX__ENABLED=False: each needed fix's tests are strict xfails.
 # Results: test-results/<cell>.xml and <cell>.log (wiped at the start), nox-report.json. The last
 # line printed is "N passed, M failed"; the exit status is non-zero if any session failed.

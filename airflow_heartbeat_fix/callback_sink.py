@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from airflow import settings
 from airflow.callbacks.database_callback_sink import DatabaseCallbackSink
 from airflow.utils.session import create_session
+
+from airflow_heartbeat_fix._compat import scoped_session, scoped_session_in_transaction
 
 if TYPE_CHECKING:
     from airflow.callbacks.callback_requests import CallbackRequest
@@ -45,15 +46,3 @@ class SessionPreservingCallbackSink(DatabaseCallbackSink):
         with create_session(scoped=False) as own_session:
             super().send(callback, session=own_session)
 
-
-def scoped_session() -> Session:
-    """The thread's scoped session: the one ``create_session()`` hands the scheduler loop."""
-    if settings.Session is None:
-        raise RuntimeError("Airflow's ORM is not configured (settings.Session is None)")
-    return settings.Session()
-
-
-def scoped_session_in_transaction() -> bool:
-    """Whether the thread's scoped session has begun a transaction, without beginning one."""
-    registry = settings.Session
-    return registry is not None and registry.registry.has() and registry().in_transaction()

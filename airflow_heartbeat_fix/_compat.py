@@ -24,9 +24,18 @@ except ImportError:  # 3.0/3.1.
     from airflow.utils import timezone  # type: ignore[no-redef,unused-ignore]
 
 if TYPE_CHECKING:
+    from airflow.executors.base_executor import BaseExecutor
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
     from sqlalchemy.orm import Session
 
-__all__ = ["Stats", "scoped_session", "scoped_session_in_transaction", "timezone", "with_row_locks"]
+__all__ = [
+    "Stats",
+    "default_executor",
+    "scoped_session",
+    "scoped_session_in_transaction",
+    "timezone",
+    "with_row_locks",
+]
 
 
 def scoped_session() -> Session:
@@ -40,3 +49,14 @@ def scoped_session_in_transaction() -> bool:
     """Whether the thread's scoped session has begun a transaction, without beginning one."""
     registry = settings.Session
     return registry is not None and registry.registry.has() and registry().in_transaction()
+
+
+def default_executor(runner: SchedulerJobRunner) -> BaseExecutor:
+    """
+    The executor the scheduler sends callbacks through.
+
+    3.2+ keeps the executors on the runner (``runner.executor``); 3.0/3.1 on its job
+    (``runner.job.executor``, a property there).
+    """
+    executor = vars(runner).get("executor")
+    return executor if executor is not None else runner.job.executor

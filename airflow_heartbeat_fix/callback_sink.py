@@ -45,4 +45,3 @@ class SessionPreservingCallbackSink(DatabaseCallbackSink):
             return
         with create_session(scoped=False) as own_session:
             super().send(callback, session=own_session)
-

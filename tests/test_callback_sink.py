@@ -37,9 +37,8 @@ def _callback_requests(session: Session) -> list[Any]:
 
 
 def _remove_callback_requests(session: Session) -> None:
-    from sqlalchemy import delete
-
     from airflow.models.db_callback_request import DbCallbackRequest
+    from sqlalchemy import delete
 
     session.execute(delete(DbCallbackRequest))
     session.commit()

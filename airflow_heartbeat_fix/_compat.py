@@ -21,7 +21,7 @@ except ImportError:  # 3.0/3.1.
 try:  # 3.2+: the shared timezone helpers.
     from airflow._shared.timezones import timezone
 except ImportError:  # 3.0/3.1.
-    from airflow.utils import timezone  # type: ignore[no-redef,unused-ignore]
+    from airflow.utils import timezone  # type: ignore[attr-defined,no-redef,unused-ignore]
 
 if TYPE_CHECKING:
     from airflow.executors.base_executor import BaseExecutor

@@ -257,19 +257,19 @@ class LockedPurgeRevalidationMixin(SchedulerJobRunner):
         )
         row = session.execute(locked_row).mappings().one_or_none()
         stale_before = timezone.utcnow() - timedelta(seconds=self._task_instance_heartbeat_timeout_secs)
-        changed = changed_since_scan(row, job_id=self.job.id, stale_before=stale_before)
-        if changed is not None:
+        if row is None:
+            changed: str | None = "is held by another transaction (or gone)"
+        else:
+            changed = changed_since_scan(row, job_id=self.job.id, stale_before=stale_before)
+        if changed is not None or row is None:
             self.log.info("Task instance %s %s; skipping its heartbeat-timeout purge", ti, changed)
             Stats.incr("heartbeat_fix.heartbeat_timeout.skipped_changed", tags={"dag_id": ti.dag_id})
             return False
-        if row is not None:
-            _load_row_into(ti, row)
+        _load_row_into(ti, row)
         return True
 
 
-def changed_since_scan(
-    row: Mapping[Any, Any] | None, *, job_id: int | None, stale_before: datetime
-) -> str | None:
+def changed_since_scan(row: Mapping[Any, Any], *, job_id: int | None, stale_before: datetime) -> str | None:
     """
     How a task instance's locked row no longer matches the heartbeat-timeout scan, or ``None``.
 
@@ -277,8 +277,6 @@ def changed_since_scan(
     ``[scheduler] task_instance_heartbeat_timeout``, queued by this scheduler's job; on 3.4 the scan
     sees only the live try of each task (``working_set``), so an archived try no longer matches.
     """
-    if row is None:
-        return "is held by another transaction (or gone)"
     if row["state"] not in HEARTBEAT_TIMEOUT_STATES:
         return f"is no longer running (state={row['state']})"
     if row["last_heartbeat_at"] is None or row["last_heartbeat_at"] >= stale_before:

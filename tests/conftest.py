@@ -75,6 +75,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "parity/expectations.toml contradicts feature detection: " + "; ".join(problems)
         )
+    undeclared = [
+        item.nodeid
+        for item in items
+        if item.nodeid.startswith(expectations.mirrored_modules)
+        and expectations.for_node(item.nodeid) is None
+    ]
+    if undeclared:
+        raise pytest.UsageError(f"parity/expectations.toml declares no [[test]] for {', '.join(undeclared)}")
     if is_enabled():
         return
     for item in items:

@@ -84,7 +84,7 @@ class DagMaker:
         self.dag_model: Any = None
         self.dag_run: Any = None
         self.session: Session | None = None
-        self.start_date: datetime = DEFAULT_DATE
+        self.start_date: Any = DEFAULT_DATE  # a datetime, or what the test module passed
         self.bundle_name = "dag_maker"
         self.bundle_version: str | None = None
 
@@ -104,9 +104,14 @@ class DagMaker:
         from airflow.models.dagbundle import DagBundleModel
         from airflow.sdk import DAG
 
-        self.session = session or settings.Session()
-        start_date = kwargs.get("start_date") or (kwargs.get("default_args") or {}).get("start_date")
-        self.start_date = start_date or getattr(self._request.module, "DEFAULT_DATE", DEFAULT_DATE)
+        scoped_session: Any = settings.Session  # the thread's scoped session, as upstream takes it
+        self.session = session or scoped_session()
+        default_args: dict[str, Any] = kwargs.get("default_args") or {}
+        self.start_date = (
+            kwargs.get("start_date")
+            or default_args.get("start_date")
+            or getattr(self._request.module, "DEFAULT_DATE", DEFAULT_DATE)
+        )
         kwargs["start_date"] = self.start_date
         self.dag = DAG(dag_id, schedule=schedule, **kwargs)
         module_file = self._request.module.__file__

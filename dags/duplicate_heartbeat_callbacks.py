@@ -13,7 +13,7 @@ The task freezes its own supervisor with SIGSTOP so heartbeats stop like a hung 
 Every callback invocation appends one JSON line (dag_id, task_id, run_id, try_number, kind, time) to
 ``$AIRFLOW_HOME/callback_log.jsonl`` (callbacks run in the Dag processor). Email requests are counted
 without a mail server by pointing ``[email] email_backend`` at
-``airflow_heartbeat_fix.demo_email.send_email``, which appends to ``$AIRFLOW_HOME/email_log.jsonl``.
+``airflow_heartbeat_fix.demo.email_backend.send_email``, which appends to ``$AIRFLOW_HOME/email_log.jsonl``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 The demo's decisions (rows and logs in, results and tables out) and its process cleanup.
 
 The full demo (real scheduler, Dag processor and API server, about two minutes per Airflow version) is
-``tests/e2e/test_demo.py``, run with ``pytest tests/e2e``.
+``tests/e2e/test_demo.py``, marked ``e2e``.
 """
 
 from __future__ import annotations
@@ -10,18 +10,22 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import time
+import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 import jinja2
 import psutil
 import pytest
 
-from airflow_heartbeat_fix import demo, demo_dags, demo_email, demo_procs
-from airflow_heartbeat_fix import demo_report as report
-from airflow_heartbeat_fix.demo_report import DagOutcome, RunResult, SchedulerOutcome, TryRow
+from airflow_heartbeat_fix import demo
+from airflow_heartbeat_fix.demo import email_backend, html_report, processes, report, run
+from airflow_heartbeat_fix.demo.report import DagOutcome, RunResult, SchedulerOutcome, TryRow
+from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX, FixState
 
 CB = report.CALLBACK_DAG_ID
 RETRY = report.RETRY_DAG_ID
@@ -121,6 +125,13 @@ def test_find_scheduler_crash(log: str, expected: str | None) -> None:
         assert found is not None and found.startswith(expected)
 
 
+def test_find_crash_time_reads_the_logged_timestamp() -> None:
+    expected = datetime(2026, 11, 30, 6, 7, 18, 279740, tzinfo=timezone.utc).timestamp()
+    assert report.find_crash_time(SQLITE_CRASH_LOG) == expected
+    assert report.find_crash_time("Exception when executing SchedulerJob._run_scheduler_loop\n") is None
+    assert report.find_crash_time("no crash\n") is None
+
+
 def test_find_fix_summary() -> None:
     log = (
         "2026-11-30T06:41:40Z [info     ] airflow-heartbeat-fix on Airflow 3.4.0b2: session_preserving_sink: "
@@ -133,22 +144,40 @@ def test_find_fix_summary() -> None:
     assert report.find_fix_summary("no such line\n") == {}
 
 
+ACTIVE, NOT_NEEDED = FixState.ACTIVE.value, FixState.NOT_NEEDED.value
+UNSUPPORTED = FixState.UNSUPPORTED.value
+
+
 @pytest.mark.parametrize(
-    ("version", "bug"),
+    ("needed", "bug"),
     [
-        ("3.4.0b1", report.CRASH),
-        ("3.4.0b2", report.CRASH),
-        ("3.3.2", report.DUPLICATES),
-        ("3.2.2", report.DUPLICATES),
-        ("3.4.0", None),
-        ("3.4.0rc1", None),
+        pytest.param({SINK_FIX: ACTIVE, PURGE_FIX: NOT_NEEDED}, report.CRASH, id="converged-purge-old-sink"),
+        pytest.param({SINK_FIX: ACTIVE, PURGE_FIX: ACTIVE}, report.DUPLICATES, id="unconverged-purge"),
+        pytest.param({SINK_FIX: NOT_NEEDED, PURGE_FIX: NOT_NEEDED}, None, id="both-upstream"),
+        pytest.param({SINK_FIX: UNSUPPORTED, PURGE_FIX: UNSUPPORTED}, None, id="unrecognised"),
+        pytest.param({}, None, id="not-probed"),
     ],
 )
-def test_expected_stock_bug(version: str, bug: str | None) -> None:
-    assert report.expected_stock_bug(version) == bug
+def test_expected_stock_bug_follows_detection(needed: dict[str, str], bug: str | None) -> None:
+    assert report.expected_stock_bug(needed) == bug
+
+
+def test_features_probe_reads_this_airflow() -> None:
+    """The demo's only source for "which bug": the package's detection on the installed Airflow."""
+    from airflow_heartbeat_fix import activation, detection
+    from airflow_heartbeat_fix.demo import features
+
+    found = features.read()
+    decided = detection.decide(activation.facts(), enabled=True)
+    assert found["needed_fixes"] == {fix: d.state.value for fix, d in decided.items()}
+    assert isinstance(found["emails_via_backend"], bool)
 
 
 # --- verdicts -------------------------------------------------------------------------------------
+
+
+CRASH_NEEDS = {SINK_FIX: ACTIVE, PURGE_FIX: NOT_NEEDED}
+DUPLICATES_NEEDS = {SINK_FIX: ACTIVE, PURGE_FIX: ACTIVE}
 
 
 def _converged(version: str = "3.4.0b2", **changes: object) -> RunResult:
@@ -173,6 +202,7 @@ def _converged(version: str = "3.4.0b2", **changes: object) -> RunResult:
         converge_seconds=27.0,
         elapsed_seconds=70.0,
         stop_reason="Dag runs finished, callbacks settled",
+        needed_fixes=dict(CRASH_NEEDS),
     )
     for name, value in changes.items():
         setattr(result, name, value)
@@ -203,34 +233,35 @@ def test_fixed_problems_duplicates_crash_missing_retry_and_leftovers() -> None:
 
 
 def test_fixed_problems_email_only_counted_where_the_backend_is_used() -> None:
-    result = _converged(version="3.2.2")
+    result = _converged(version="3.2.2", emails_via_backend=False)
     result.dags[CB].emails = {}
     assert report.fixed_problems(result) == []
-    result.airflow_version = "3.3.2"
+    result.emails_via_backend = True
     assert report.fixed_problems(result) == [f"{CB}: try 1 did not get exactly one email"]
 
 
 def test_callbacks_complete_waits_for_each_failed_try() -> None:
     result = _converged()
-    assert report.callbacks_complete(result.dags, "3.4.0b2")
+    assert report.callbacks_complete(result.dags, emails_via_backend=True)
     del result.dags[CB].emails[2]
-    assert not report.callbacks_complete(result.dags, "3.4.0b2")
-    assert report.callbacks_complete(result.dags, "3.2.2")  # no emails counted there
+    assert not report.callbacks_complete(result.dags, emails_via_backend=True)
+    assert report.callbacks_complete(result.dags, emails_via_backend=False)  # no emails counted there
     del result.dags[CB].callbacks[2]
-    assert not report.callbacks_complete(result.dags, "3.2.2")
+    assert not report.callbacks_complete(result.dags, emails_via_backend=False)
     result.dags[CB].tries[1] = TryRow("stall", 2, "running", "current")
-    assert report.callbacks_complete(result.dags, "3.2.2")
+    assert report.callbacks_complete(result.dags, emails_via_backend=False)
 
 
 def test_stock_reproduced_crash_and_duplicates() -> None:
     crashed = _converged(fix_enabled=False, scheduler=SchedulerOutcome(alive=False, crashed=True))
     assert report.stock_reproduced(crashed) is True
     assert report.stock_reproduced(_converged(fix_enabled=False)) is False
-    duplicated = _converged(version="3.3.2", fix_enabled=False)
+    duplicated = _converged(version="3.3.2", fix_enabled=False, needed_fixes=DUPLICATES_NEEDS)
     assert report.stock_reproduced(duplicated) is False
     duplicated.dags[CB].callbacks[2]["on_failure_callback"] = 2
     assert report.stock_reproduced(duplicated) is True
-    assert report.stock_reproduced(_converged(version="3.4.0", fix_enabled=False)) is None
+    upstream = {SINK_FIX: NOT_NEEDED, PURGE_FIX: NOT_NEEDED}
+    assert report.stock_reproduced(_converged(fix_enabled=False, needed_fixes=upstream)) is None
 
 
 def test_render_table_side_by_side() -> None:
@@ -254,7 +285,9 @@ def test_render_table_side_by_side() -> None:
     scheduler = next(line for line in lines if line.startswith("scheduler "))
     assert "CRASHED: UniqueViolation" in scheduler and scheduler.rstrip().endswith("alive")
     assert any("failed (archived: retry)" in line and "running (current)" in line for line in lines)
-    assert any("on_retry_callback x1" in line for line in lines)
+    assert any("retry x1 (expected 1 per try)" in line for line in lines)
+    emails = [line for line in lines if line.startswith("    emails")]
+    assert emails and all("(expected 1 per try)" in line for line in emails)
     sink = next(line for line in lines if line.startswith("  sink"))
     assert "disabled" in sink and sink.rstrip().endswith("active")
     verdict = next(line for line in lines if line.startswith("verdict"))
@@ -264,9 +297,9 @@ def test_render_table_side_by_side() -> None:
 
 def test_progress_line_and_phase() -> None:
     dags = {CB: DagOutcome(CB, "running", [TryRow("stall", 1, "running", "current")])}
-    assert demo.run_phase(dags) == "task frozen; waiting for heartbeat timeout"
+    assert run.run_phase(dags) == "task frozen; waiting for heartbeat timeout"
     assert report.progress_line(dags) == (f"{RETRY}: no run yet; {CB}: try 1 running; callbacks 0, emails 0")
-    assert demo.run_phase({}) == "waiting for Dag runs"
+    assert run.run_phase({}) == "waiting for Dag runs"
 
 
 # --- demo glue decisions --------------------------------------------------------------------------
@@ -302,12 +335,12 @@ def test_should_stop(kwargs: dict[str, object], reason: str | None) -> None:
         "settle": 8.0,
         **kwargs,
     }
-    assert demo.should_stop(**args) == reason  # type: ignore[arg-type]
+    assert run.should_stop(**args) == reason  # type: ignore[arg-type]
 
 
 def test_airflow_env_is_isolated_and_sets_the_switch(tmp_path: Path) -> None:
     base = {"PATH": "/bin", "AIRFLOW_HOME": "/elsewhere", "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor"}
-    env = demo.airflow_env(
+    env = run.airflow_env(
         base,
         home=tmp_path,
         database_url="sqlite:///x.db",
@@ -323,57 +356,50 @@ def test_airflow_env_is_isolated_and_sets_the_switch(tmp_path: Path) -> None:
     assert env["AIRFLOW__HEARTBEAT_FIX__ENABLED"] == "False"
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:8765/execution/"
     assert env["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] == "10"
-    assert env["AIRFLOW__EMAIL__EMAIL_BACKEND"] == "airflow_heartbeat_fix.demo_email.send_email"
+    assert env["AIRFLOW__EMAIL__EMAIL_BACKEND"] == "airflow_heartbeat_fix.demo.email_backend.send_email"
     assert env["TMPDIR"] == str(tmp_path / "tmp")
 
 
 def test_bytecode_env_caches_in_the_home_only_when_needed(tmp_path: Path) -> None:
     env = {"PATH": "/bin", "PYTHONDONTWRITEBYTECODE": "1"}
-    assert demo.bytecode_env(env, airflow_compiled=True, cache_dir=tmp_path) == env
-    assert demo.bytecode_env({"PATH": "/bin"}, airflow_compiled=False, cache_dir=tmp_path) == {"PATH": "/bin"}
-    assert demo.bytecode_env(env, airflow_compiled=False, cache_dir=tmp_path) == {
+    assert run.bytecode_env(env, airflow_compiled=True, cache_dir=tmp_path) == env
+    assert run.bytecode_env({"PATH": "/bin"}, airflow_compiled=False, cache_dir=tmp_path) == {"PATH": "/bin"}
+    assert run.bytecode_env(env, airflow_compiled=False, cache_dir=tmp_path) == {
         "PATH": "/bin",
         "PYTHONPYCACHEPREFIX": str(tmp_path),
     }
 
 
 def test_default_home_and_db_label(tmp_path: Path) -> None:
-    assert demo.db_label(None) == "sqlite"
-    assert demo.db_label("postgresql+psycopg://u:p@h/db") == "postgresql"
-    assert demo.default_home(tmp_path, "3.4.0b2", None) == tmp_path / ".demo" / "3.4.0b2-sqlite"
+    assert run.db_label(None) == "sqlite"
+    assert run.db_label("postgresql+psycopg://u:p@h/db") == "postgresql"
+    assert run.default_home(tmp_path, "3.4.0b2", None) == tmp_path / ".demo" / "3.4.0b2-sqlite"
 
 
-def test_dag_sources_default_to_the_repository_dags() -> None:
-    origin, sources = demo.find_dag_sources(None)
+def test_dag_sources_default_to_the_installed_package_data() -> None:
+    origin, sources = run.find_dag_sources(None)
     assert origin.endswith("dags")
     assert set(sources) == {f"{d}.py" for d in report.DAG_IDS}
+    repo_dags = Path(__file__).resolve().parent.parent / "dags"
+    assert sources == {name: (repo_dags / name).read_text(encoding="utf-8") for name in sources}
 
 
 def test_dag_sources_from_a_directory_missing_a_dag(tmp_path: Path) -> None:
     (tmp_path / f"{RETRY}.py").write_text("# nothing\n")
-    with pytest.raises(demo.DemoError, match=f"lacks {CB}.py"):
-        demo.find_dag_sources(tmp_path)
+    with pytest.raises(run.DemoError, match=f"lacks {CB}.py"):
+        run.find_dag_sources(tmp_path)
 
 
-def test_dag_sources_fall_back_to_the_packaged_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An installed wheel has no dags/ next to the package: the copy in demo_dags is used."""
-    monkeypatch.setattr(
-        demo, "__file__", str(tmp_path / "site-packages" / "airflow_heartbeat_fix" / "demo.py")
-    )
-    origin, sources = demo.find_dag_sources(None)
-    assert "airflow_heartbeat_fix.demo_dags" in origin
-    assert sources == demo_dags.SOURCES
-
-
-def test_setup_failure_exits_2_and_stops_everything(
+def test_setup_failure_exits_3_and_stops_everything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake = tmp_path / "airflow"
     fake.write_text("#!/bin/sh\necho migrate failed on purpose\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setattr(demo, "airflow_executable", lambda: fake)
+    monkeypatch.setattr(demo, "probe_features", lambda config: {})
     home = tmp_path / "home"
-    assert demo.main(["--home", str(home), "--runs", "stock"]) == 2
+    assert demo.main(["--home", str(home), "--runs", "stock"]) == demo.EXIT_ENVIRONMENT
     err = capsys.readouterr().err
     assert "airflow db migrate failed" in err
     assert "migrate failed on purpose" in (home / "stock" / "logs" / "db-migrate.log").read_text()
@@ -383,24 +409,25 @@ def test_setup_failure_exits_2_and_stops_everything(
 def test_prepare_home_writes_dags_and_subject_template(tmp_path: Path) -> None:
     home = tmp_path / "stock"
     (home / "old").mkdir(parents=True)
-    demo.prepare_home(home, {"a.py": "x = 1\n"})
+    run.prepare_home(home, {"a.py": "x = 1\n"})
     assert not (home / "old").exists()
     assert (home / "dags" / "a.py").read_text() == "x = 1\n"
     assert (home / "logs").is_dir() and (home / "tmp").is_dir()
-    assert (home / "email_subject.j2").read_text() == demo_email.SUBJECT_TEMPLATE
+    assert (home / "email_subject.j2").read_text() == email_backend.SUBJECT_TEMPLATE
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--runs", "stock,broken"], "--runs takes"),
-        (["--database", "sqlite:///x.db"], "--database must be a postgresql URL"),
+        (["--reset-database"], "--reset-database needs --database"),
+        (["--dags", "/nonexistent"], "--dags /nonexistent lacks"),
     ],
 )
 def test_bad_arguments_exit_2_before_starting_anything(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert demo.main(argv) == 2
+    assert demo.main(argv) == demo.EXIT_USAGE
     assert message in capsys.readouterr().err
 
 
@@ -410,15 +437,15 @@ def test_bad_arguments_exit_2_before_starting_anything(
 def test_email_backend_records_subject_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     ti = {"dag_id": CB, "task_id": "stall", "run_id": "manual__2026-11-30T06:13:39+00:00"}
-    subject = jinja2.Template(demo_email.SUBJECT_TEMPLATE).render(ti=ti, try_number=2)
-    demo_email.send_email(["alerts@example.com"], subject, "<b>body</b>", conn_id=None, from_email="a@b")
-    (line,) = report.parse_jsonl((tmp_path / demo_email.EMAIL_LOG_NAME).read_text())
+    subject = jinja2.Template(email_backend.SUBJECT_TEMPLATE).render(ti=ti, try_number=2)
+    email_backend.send_email(["alerts@example.com"], subject, "<b>body</b>", conn_id=None, from_email="a@b")
+    (line,) = report.parse_jsonl((tmp_path / email_backend.EMAIL_LOG_NAME).read_text())
     assert line["fields"] == {**ti, "try_number": 2}
     assert report.count_emails([line], CB) == {2: 1}
 
 
 def test_email_subject_that_is_not_ours_is_kept_raw() -> None:
-    assert demo_email.parse_subject("Airflow alert: <TaskInstance ...>") is None
+    assert email_backend.parse_subject("Airflow alert: <TaskInstance ...>") is None
 
 
 # --- processes ------------------------------------------------------------------------------------
@@ -435,7 +462,7 @@ FREEZER = textwrap.dedent(
 
 
 def test_stop_all_ends_frozen_supervisors_and_their_children(tmp_path: Path) -> None:
-    procs = demo_procs.Processes(marker=f"test-{os.getpid()}-{time.time()}")
+    procs = processes.Processes(marker=f"test-{os.getpid()}-{time.time()}")
     component = procs.start(
         "freezer", [sys.executable, "-c", FREEZER], dict(os.environ), tmp_path / "freezer.log", tmp_path
     )
@@ -446,7 +473,7 @@ def test_stop_all_ends_frozen_supervisors_and_their_children(tmp_path: Path) -> 
     assert parent.status() == psutil.STATUS_STOPPED
     procs.track()
     (child,) = parent.children()
-    assert child.environ()[demo_procs.MARKER_ENV] == procs.marker
+    assert child.environ()[processes.MARKER_ENV] == procs.marker
 
     procs.stop_all(grace=1.0)
 
@@ -456,7 +483,7 @@ def test_stop_all_ends_frozen_supervisors_and_their_children(tmp_path: Path) -> 
 
 
 def test_run_returns_exit_codes_and_logs(tmp_path: Path) -> None:
-    procs = demo_procs.Processes(marker="test-run")
+    procs = processes.Processes(marker=f"test-run-{uuid.uuid4()}")
     log = tmp_path / "run.log"
     argvs = [[sys.executable, "-c", "print('hi')"], [sys.executable, "-c", "raise SystemExit(3)"]]
     assert procs.run(argvs, dict(os.environ), log, tmp_path, timeout=60) == [0, 3]
@@ -464,7 +491,7 @@ def test_run_returns_exit_codes_and_logs(tmp_path: Path) -> None:
 
 
 def test_run_kills_a_command_that_times_out(tmp_path: Path) -> None:
-    procs = demo_procs.Processes(marker="test-timeout")
+    procs = processes.Processes(marker=f"test-timeout-{uuid.uuid4()}")
     argv = [sys.executable, "-c", "import time; time.sleep(60)"]
     started = time.monotonic()
     codes = procs.run([argv], dict(os.environ), tmp_path / "t.log", tmp_path, timeout=0.5)
@@ -474,7 +501,7 @@ def test_run_kills_a_command_that_times_out(tmp_path: Path) -> None:
 
 
 def test_to_json_round_trips(tmp_path: Path) -> None:
-    config = demo.DemoConfig(
+    config = run.DemoConfig(
         home=tmp_path,
         database=None,
         dags_origin="dags",
@@ -489,7 +516,338 @@ def test_to_json_round_trips(tmp_path: Path) -> None:
         json_path=None,
     )
     data = json.loads(json.dumps(demo.to_json(config, [_converged()], ok=True)))
+    assert report.result_from_json(data["runs"]["fixed"]) == _converged()
     fixed = data["runs"]["fixed"]
     assert data["ok"] is True and data["database"] == "sqlite"
     assert fixed["dags"][CB]["callbacks"] == {"1": {"on_retry_callback": 1}, "2": {"on_failure_callback": 1}}
     assert fixed["dags"][CB]["tries"][0]["archived_reason"] == "retry"
+
+
+# --- refusing before starting anything ------------------------------------------------------------
+
+
+@pytest.fixture
+def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should a check let the demo through, fail at once instead of starting Airflow for minutes."""
+
+    def refuse(config: run.DemoConfig) -> dict[str, object]:
+        raise AssertionError("the demo got past its checks and was about to start Airflow")
+
+    monkeypatch.setattr(demo, "probe_features", refuse)
+
+
+def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.err and captured.out == ""
+    return lines[0]
+
+
+def test_demo_refuses_a_database_with_tables_it_did_not_create(
+    tmp_path: Path, nothing_starts: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The suite's own metadata database (migrated at session start) must come out of it untouched."""
+    from airflow.configuration import conf
+
+    url = conf.get("database", "sql_alchemy_conn")
+    before = run.database_tables(url)
+    assert "alembic_version" in before
+
+    code = demo.main(["--home", str(tmp_path / "home"), "--database", url])
+
+    line = _one_line(capsys)
+    assert code == demo.EXIT_USAGE
+    assert f"already has {len(before)} tables" in line
+    assert "airflow db reset" in line and "--reset-database" in line
+    assert run.database_tables(url) == before
+
+
+def test_reset_database_says_what_it_will_drop_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from airflow.configuration import conf
+
+    class Started(Exception):
+        pass
+
+    def started(config: run.DemoConfig) -> dict[str, object]:
+        raise Started
+
+    monkeypatch.setattr(demo, "probe_features", started)
+    url = conf.get("database", "sql_alchemy_conn")
+    tables = run.database_tables(url)
+
+    with pytest.raises(Started):
+        demo.main(["--home", str(tmp_path / "home"), "--database", url, "--reset-database"])
+
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "demo: --reset-database: airflow db reset drops the Airflow tables of "
+        f"{run.display_url(url)} ({len(tables)} tables)"
+    )
+    assert run.database_tables(url) == tables
+
+
+@pytest.mark.parametrize(
+    ("database", "code", "message"),
+    [
+        pytest.param("not a url", demo.EXIT_USAGE, "--database 'not a url': Could not parse", id="not-a-url"),
+        pytest.param("nosuch://h/x", demo.EXIT_USAGE, "--database 'nosuch://h/x': Can't load", id="dialect"),
+        pytest.param("sqlite:////nonexistent/x.db", demo.EXIT_ENVIRONMENT,
+                     "cannot connect to sqlite:////nonexistent/x.db: (sqlite3.OperationalError) unable",
+                     id="unreachable"),
+    ],
+)  # fmt: skip
+def test_unusable_database_url_is_one_line(
+    database: str,
+    code: int,
+    message: str,
+    tmp_path: Path,
+    nothing_starts: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert demo.main(["--home", str(tmp_path / "home"), "--database", database]) == code
+    assert _one_line(capsys).startswith(f"demo: {message}")
+
+
+def test_database_refusal_allows_empty_own_or_explicitly_reset_databases() -> None:
+    url = "postgresql://h/db"
+    assert run.database_refusal([], url, reset_allowed=False) is None
+    assert run.database_refusal(["dag", run.DEMO_TABLE], url, reset_allowed=False) is None
+    assert run.database_refusal(["dag"], url, reset_allowed=True) is None
+    refusal = run.database_refusal(
+        [f"t{i}" for i in range(7)], "postgresql://u:secret@h/db", reset_allowed=False
+    )
+    assert refusal is not None and "7 tables (t0, t1, t2, t3, t4, ...)" in refusal
+    assert "secret" not in refusal and refusal.startswith("postgresql://u:***@h/db already has")
+
+
+def test_demo_database_mark_lets_the_demo_reset_it_again(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+    run.mark_database_as_demo(url)
+    run.mark_database_as_demo(url)  # again after the next reset: idempotent
+    assert run.database_tables(url) == [run.DEMO_TABLE]
+
+
+def test_second_demo_in_the_same_home_is_refused(
+    tmp_path: Path, nothing_starts: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    holder = textwrap.dedent(
+        f"""
+        import fcntl, sys, time
+        lock = open({str(home / demo.LOCK_NAME)!r}, "a+")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.write("4242\\n"); lock.flush()
+        print("locked", flush=True)
+        time.sleep(60)
+        """
+    )
+    other = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "locked"
+        code = demo.main(["--home", str(home)])
+    finally:
+        other.kill()
+        other.wait()
+    line = _one_line(capsys)
+    assert code == demo.EXIT_USAGE
+    assert line == f"demo: another demo is running in {home} (pid 4242); wait for it or pass another --home"
+
+
+def test_home_lock_is_released_when_the_demo_ends(tmp_path: Path) -> None:
+    with (
+        demo.home_lock(tmp_path),
+        pytest.raises(run.UsageError, match="another demo is running"),
+        demo.home_lock(tmp_path),
+    ):
+        pass
+    with demo.home_lock(tmp_path):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["--home", "{file}/h"], "cannot use --home {file}/h: Not a dir", id="home-in-file"),
+        pytest.param(["--home", "{foreign}"], "--home {foreign} holds files", id="foreign-home"),
+        pytest.param(["--json", "{file}/o.json"], "cannot write --json {file}/o.json", id="json-in-file"),
+        pytest.param(["--json", "{tmp}"], "--json {tmp} is a directory", id="json-is-dir"),
+        pytest.param(["--html", "{file}/r.html"], "cannot write --html {file}/r.html", id="html-in-file"),
+    ],
+)  # fmt: skip
+def test_unusable_paths_exit_2_with_one_line(
+    argv: list[str], message: str, tmp_path: Path, nothing_starts: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("not a directory\n")
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine\n")
+    names = {"file": tmp_path / "file", "foreign": tmp_path / "foreign", "tmp": tmp_path}
+    argv = [a.format(**names) for a in argv]
+    if "--home" not in argv:
+        argv += ["--home", str(tmp_path / "home")]
+
+    code = demo.main(argv)
+
+    line = _one_line(capsys)
+    assert code == demo.EXIT_USAGE
+    assert line.startswith("demo: " + message.format(**names)), line
+    assert (tmp_path / "foreign" / "notes.txt").read_text() == "mine\n"
+
+
+def test_help_lists_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        demo.main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    for code, text in demo.EXIT_CODES.items():
+        assert f"  {code:<4}{text[:20]}" in out
+
+
+# --- the HTML report ------------------------------------------------------------------------------
+
+
+def _recorded_results() -> list[RunResult]:
+    """A stock 3.4.0b2 run that crashed and a fixed one that converged, as the demo records them."""
+    stock = _converged(
+        label="stock",
+        fix_enabled=False,
+        scheduler=SchedulerOutcome(
+            alive=False, crashed=True, error="IntegrityError: UNIQUE constraint failed"
+        ),
+        converged=False,
+        converge_seconds=None,
+        reproduced=True,
+        crashed_after=21.0,
+        watched_seconds=27.0,
+    )
+    for dag_id in (RETRY, CB):
+        stock.dags[dag_id].tries = [TryRow("stall", 1, "running", "current")]
+        stock.dags[dag_id].run_state = "running"
+        stock.timeline += [
+            report.StateChange(0.5, dag_id, 1, "queued"),
+            report.StateChange(2.0, dag_id, 1, "running"),
+        ]
+    stock.dags[CB].callbacks = {1: {"on_retry_callback": 1}}
+    stock.dags[CB].emails = {1: 1}
+    stock.marks = [report.Mark(22.0, CB, 1, "on_retry_callback"), report.Mark(22.5, CB, 1, report.EMAIL)]
+    fixed = _converged(watched_seconds=40.0)
+    for dag_id in (RETRY, CB):
+        fixed.timeline += [
+            report.StateChange(1.0, dag_id, 1, "running"),
+            report.StateChange(16.0, dag_id, 1, "failed"),
+            report.StateChange(16.0, dag_id, 2, "up_for_retry"),
+            report.StateChange(18.0, dag_id, 2, "running"),
+            report.StateChange(29.0, dag_id, 2, "failed"),
+        ]
+    fixed.marks = [
+        report.Mark(17.0, CB, 1, "on_retry_callback"),
+        report.Mark(17.2, CB, 1, report.EMAIL),
+        report.Mark(30.0, CB, 2, "on_failure_callback"),
+        report.Mark(30.1, CB, 2, report.EMAIL),
+    ]
+    return [stock, fixed]
+
+
+def test_html_report_is_self_contained_with_a_timeline_per_run() -> None:
+    page = html_report.render_html(_recorded_results())
+
+    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    assert page.count("<svg xmlns=") == 2  # one timeline per run
+    for fetch in ("src=", "href=", "url(", "@import", "<script"):
+        assert fetch not in page  # nothing to load: it opens offline, from a CI artefact or an email
+    assert "scheduler crashed at 21 s" in page
+    assert "IntegrityError: UNIQUE constraint failed" in page
+    assert "Expected: 1 callback per try and 1 email per try." in page
+    assert page.count("(expected 1 per try)") == 2 * 2 * 2  # 2 runs x tries 1-2 x (callbacks, emails)
+    assert "bug reproduced (crash)" in page and "OK: converged as expected" in page
+    # every callback and email is one mark with its time; every state a coloured span of its lane
+    assert page.count("on_retry_callback for try 1 at") == 2
+    assert page.count("email for try") == 3
+    assert "on_failure_callback for try 2 at 30.0 s" in page
+    assert "try 2: up_for_retry from 16 s to 18 s" in page
+
+
+def test_html_report_shows_each_duplicate_mark_and_flags_the_count() -> None:
+    stock = _recorded_results()[1]
+    stock.label, stock.fix_enabled = "stock", False
+    stock.needed_fixes, stock.reproduced = dict(DUPLICATES_NEEDS), True
+    stock.dags[CB].callbacks[1]["on_retry_callback"] = 2
+    stock.marks.append(report.Mark(19.0, CB, 1, "on_retry_callback"))
+
+    page = html_report.render_html([stock])
+
+    assert page.count("on_retry_callback for try 1 at") == 2
+    assert '<td class="off">retry x2 (expected 1 per try)</td>' in page
+    assert "bug reproduced (duplicates)" in page
+
+
+def test_timeline_records_changes_and_marks_from_the_logs() -> None:
+    before = {(CB, 1): "running"}
+    now = {(CB, 1): "failed", (CB, 2): "up_for_retry", (RETRY, 1): "running"}
+    assert report.state_changes(before, now, 16.0) == [
+        report.StateChange(16.0, CB, 1, "failed"),
+        report.StateChange(16.0, CB, 2, "up_for_retry"),
+        report.StateChange(16.0, RETRY, 1, "running"),
+    ]
+    assert report.state_changes(now, now, 17.0) == []
+    callbacks = [{"dag_id": CB, "try_number": 1, "kind": "on_retry_callback", "time": 1017.0}]
+    emails = [{"fields": {"dag_id": CB, "try_number": 1}, "time": 1017.5}, {"fields": None, "time": 1}]
+    assert report.marks_from_logs(callbacks, emails, triggered_at=1000.0) == [
+        report.Mark(17.0, CB, 1, "on_retry_callback"),
+        report.Mark(17.5, CB, 1, report.EMAIL),
+    ]
+
+
+def test_demo_writes_the_html_report_and_prints_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recorded = iter(_recorded_results())
+
+    class RecordedRun:
+        def __init__(self, config: run.DemoConfig, label: str, features: dict[str, object]) -> None:
+            self.label = label
+
+        def execute(self) -> RunResult:
+            result = next(recorded)
+            assert result.label == self.label
+            return result
+
+    monkeypatch.setattr(demo, "probe_features", lambda config: {})
+    monkeypatch.setattr(demo, "DemoRun", RecordedRun)
+    home = tmp_path / "home"
+
+    assert demo.main(["--home", str(home), "--json", str(tmp_path / "r.json")]) == demo.EXIT_OK
+
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == f"report: {home / 'report.html'}"
+    assert "<svg" in (home / "report.html").read_text()
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["runs"]["stock"]["crashed_after"] == 21.0
+    assert data["runs"]["fixed"]["marks"][0] == {
+        "seconds": 17.0, "dag_id": CB, "try_number": 1, "kind": "on_retry_callback"
+    }  # fmt: skip
+
+
+RECORDED = Path(__file__).resolve().parent / "data" / "demo-3.3.2-sqlite.json"
+
+
+def test_html_report_of_a_recorded_3_3_run_shows_the_duplicates() -> None:
+    """``--json`` of ``bash scripts/demo.sh --airflow 3.3.2``: stock called each try back twice."""
+    data = json.loads(RECORDED.read_text(encoding="utf-8"))
+    results = [report.result_from_json(r) for r in data["runs"].values()]
+    stock, fixed = results
+
+    page = html_report.render_html(results)
+
+    assert page.count("<svg xmlns=") == 2
+    assert page.count('<td class="off">') == 2  # stock: retry x2 for try 1, failure x2 for try 2
+    assert '<td class="off">retry x2 (expected 1 per try)</td>' in page
+    assert '<td class="off">failure x2 (expected 1 per try)</td>' in page
+    for run_result in results:
+        for mark in run_result.marks:
+            assert f"for try {mark.try_number} at {mark.seconds:.1f} s" in page
+    assert len([m for m in stock.marks if m.kind != report.EMAIL]) == 4
+    assert len([m for m in fixed.marks if m.kind != report.EMAIL]) == 2
+    assert "scheduler crashed" not in page

@@ -1,9 +1,10 @@
 """
 The full demo on the installed Airflow (SQLite, or ``HEARTBEAT_FIX_DEMO_DATABASE``): real
 ``airflow scheduler``, ``dag-processor`` and ``api-server``, stock then fixed. About two and a half
-minutes; run it with ``pytest tests/e2e``.
+minutes; marked ``e2e`` (``pytest -m e2e tests/e2e``).
 
-Stock must really show this version's bug (the crash on 3.4.0b1/b2, duplicate callbacks on <= 3.3);
+Stock must really show the bug the package's detection says this Airflow has (the crash on 3.4.0b1/b2,
+duplicate callbacks on <= 3.3);
 fixed must converge: scheduler alive, try 1 failed, try 2 created, one callback per try.
 """
 
@@ -22,8 +23,11 @@ from typing import Any
 import psutil
 import pytest
 
-from airflow_heartbeat_fix.demo import installed_airflow_version
-from airflow_heartbeat_fix.demo_report import CALLBACK_DAG_ID, CRASH, DAG_IDS, DUPLICATES, expected_stock_bug
+from airflow_heartbeat_fix import activation, detection
+from airflow_heartbeat_fix.demo.report import CALLBACK_DAG_ID, CRASH, DAG_IDS, DUPLICATES, expected_stock_bug
+from airflow_heartbeat_fix.demo.run import installed_airflow_version
+
+pytestmark = pytest.mark.e2e
 
 DEMO_TIMEOUT = 600
 #: ``scripts/test.sh`` sets this for its PostgreSQL e2e cell; unset, the demo uses its embedded SQLite.
@@ -51,7 +55,8 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             str(home),
             "--json",
             str(base / "result.json"),
-            *(["--database", DEMO_DATABASE] if DEMO_DATABASE else []),
+            # The runner names a database for this test alone: resetting it is what it is for.
+            *(["--database", DEMO_DATABASE, "--reset-database"] if DEMO_DATABASE else []),
         ],
         cwd=cwd,
         env=env,
@@ -88,6 +93,7 @@ def test_demo_exits_zero_and_writes_both_runs(demo_run: dict[str, Any]) -> None:
     assert set(result["runs"]) == {"stock", "fixed"}
     assert result["airflow_version"] == installed_airflow_version()
     assert "stock ([heartbeat_fix] enabled=False)" in demo_run["proc"].stdout
+    assert demo_run["proc"].stdout.splitlines()[-1] == f"report: {demo_run['home'] / 'report.html'}"
     assert demo_run["elapsed"] < 420, f"demo took {demo_run['elapsed']:.0f} s"
 
 
@@ -109,7 +115,10 @@ def test_fixed_column_converges(demo_run: dict[str, Any]) -> None:
 
 def test_stock_column_reproduces_the_bug(demo_run: dict[str, Any]) -> None:
     stock = demo_run["result"]["runs"]["stock"]
-    bug = expected_stock_bug(installed_airflow_version())
+    decided = detection.decide(activation.facts(), enabled=True)
+    needed = {fix: decision.state.value for fix, decision in decided.items()}
+    assert stock["needed_fixes"] == needed
+    bug = expected_stock_bug(needed)
     if bug == CRASH:
         assert stock["scheduler"]["crashed"] is True, demo_run["output"]
         assert re.search(r"UniqueViolation|UNIQUE constraint failed", stock["scheduler"]["error"] or "")
@@ -121,6 +130,15 @@ def test_stock_column_reproduces_the_bug(demo_run: dict[str, Any]) -> None:
     else:
         assert stock["reproduced"] is None
     assert stock["reproduced"] is (None if bug is None else True)
+
+
+def test_html_report_has_a_timeline_of_both_runs(demo_run: dict[str, Any]) -> None:
+    page = (demo_run["home"] / "report.html").read_text(encoding="utf-8")
+    assert page.count("<svg xmlns=") == 2  # one timeline per run
+    for run in demo_run["result"]["runs"].values():
+        assert run["timeline"], run["label"]
+        for mark in run["marks"]:  # every recorded callback and email is on the page
+            assert f"for try {mark['try_number']} at {mark['seconds']:.1f} s" in page
 
 
 def test_nothing_left_behind(demo_run: dict[str, Any]) -> None:

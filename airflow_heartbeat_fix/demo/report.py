@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
+
+from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX, FixState
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -19,6 +22,9 @@ DAG_IDS = (RETRY_DAG_ID, CALLBACK_DAG_ID)
 
 RETRY_CALLBACK = "on_retry_callback"
 FAILURE_CALLBACK = "on_failure_callback"
+EMAIL = "email"
+#: What a correct scheduler does for each finished try: one callback, one email.
+EXPECTED_PER_TRY = "expected 1 per try"
 
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 
@@ -42,6 +48,26 @@ class TryRow:
     state: str | None
     where: str
     archived_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class StateChange:
+    """A try's task instance state as first seen ``seconds`` after the trigger (polled every second)."""
+
+    seconds: float
+    dag_id: str
+    try_number: int
+    state: str | None
+
+
+@dataclass(frozen=True)
+class Mark:
+    """One callback or email (``kind``) about one try, ``seconds`` after the trigger."""
+
+    seconds: float
+    dag_id: str
+    try_number: int
+    kind: str
 
 
 @dataclass
@@ -78,29 +104,52 @@ class RunResult:
     problems: list[str] = field(default_factory=list)
     reproduced: bool | None = None
     leftover_pids: list[int] = field(default_factory=list)
+    #: fix -> state with the fixes enabled, as the package's detection decides on this Airflow
+    needed_fixes: dict[str, str] = field(default_factory=dict)
+    #: whether this Airflow sends the Dag processor's email requests through ``[email] email_backend``
+    emails_via_backend: bool = True
+    #: for the timeline: state changes, callbacks and emails, the crash, all in seconds after the trigger
+    timeline: list[StateChange] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+    crashed_after: float | None = None
+    watched_seconds: float = 0.0
 
 
-# --- versions -------------------------------------------------------------------------------------
+def result_from_json(data: Mapping[str, Any]) -> RunResult:
+    """A run back from its ``--json`` form, e.g. to render the HTML report of a recorded run again."""
+    fields = dict(data)
+    fields["scheduler"] = SchedulerOutcome(**data["scheduler"])
+    fields["dags"] = {
+        dag_id: DagOutcome(
+            dag_id=dag["dag_id"],
+            run_state=dag["run_state"],
+            tries=[TryRow(**t) for t in dag["tries"]],
+            callbacks={int(n): dict(kinds) for n, kinds in dag["callbacks"].items()},
+            emails={int(n): count for n, count in dag["emails"].items()},
+        )
+        for dag_id, dag in data["dags"].items()
+    }
+    fields["timeline"] = [StateChange(**change) for change in data.get("timeline", [])]
+    fields["marks"] = [Mark(**mark) for mark in data.get("marks", [])]
+    return RunResult(**fields)
 
 
-def version_tuple(version: str) -> tuple[int, int, int]:
-    parts = [int(p) for p in re.findall(r"\d+", version)[:3]]
-    parts += [0] * (3 - len(parts))
-    return parts[0], parts[1], parts[2]
+# --- what this Airflow needs ----------------------------------------------------------------------
 
 
-def expected_stock_bug(version: str) -> str | None:
-    """Which bug stock Airflow ``version`` shows in this demo: crash (3.4.0b1/b2), duplicates (<= 3.3)."""
-    if re.fullmatch(r"3\.4\.0b[12]", version):
-        return CRASH
-    if version_tuple(version) < (3, 4, 0):
+def expected_stock_bug(needed_fixes: Mapping[str, str]) -> str | None:
+    """
+    Which bug stock Airflow shows in this demo, from what the package's detection says it needs.
+
+    ``needed_fixes`` maps each fix to its state with the fixes enabled. Where the heartbeat purge does
+    not converge, the same try is called back again (duplicates); where it does converge but the callback
+    sink still commits the scheduler's session, the retry of the detached task instance crashes the loop.
+    """
+    if needed_fixes.get(PURGE_FIX) == FixState.ACTIVE.value:
         return DUPLICATES
+    if needed_fixes.get(SINK_FIX) == FixState.ACTIVE.value:
+        return CRASH
     return None
-
-
-def emails_via_backend(version: str) -> bool:
-    """Airflow 3.3+ sends Dag-processor email requests through ``[email] email_backend``."""
-    return version_tuple(version) >= (3, 3, 0)
 
 
 # --- rows and logs --------------------------------------------------------------------------------
@@ -200,6 +249,19 @@ def find_scheduler_crash(log_text: str) -> str | None:
     return CRASH_MARKER
 
 
+def find_crash_time(log_text: str) -> float | None:
+    """When the scheduler logged its loop's crash (epoch seconds), from the line's ISO timestamp."""
+    at = log_text.find(CRASH_MARKER)
+    if at < 0:
+        return None
+    line = log_text[log_text.rfind("\n", 0, at) + 1 : at]
+    stamp = line.split(" ", 1)[0].replace("Z", "+00:00")
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return None
+
+
 def find_fix_summary(log_text: str) -> dict[str, str]:
     """What the scheduler logged at start about each fix (``fix: state; ...``); empty when not loaded."""
     match = _FIX_SUMMARY.search(log_text)
@@ -215,6 +277,39 @@ def find_fix_summary(log_text: str) -> dict[str, str]:
 
 def all_runs_terminal(dags: Mapping[str, DagOutcome]) -> bool:
     return bool(dags) and all(d.run_state in TERMINAL_RUN_STATES for d in dags.values())
+
+
+def try_states(dags: Mapping[str, DagOutcome]) -> dict[tuple[str, int], str | None]:
+    """``(dag_id, try_number) -> state`` of every try seen now."""
+    return {(dag_id, t.try_number): t.state for dag_id, o in dags.items() for t in o.tries}
+
+
+def state_changes(
+    before: Mapping[tuple[str, int], str | None], now: Mapping[tuple[str, int], str | None], seconds: float
+) -> list[StateChange]:
+    """The tries that are new or changed state between two polls."""
+    return [
+        StateChange(seconds, dag_id, try_number, state)
+        for (dag_id, try_number), state in sorted(now.items())
+        if (dag_id, try_number) not in before or before[(dag_id, try_number)] != state
+    ]
+
+
+def marks_from_logs(
+    callback_lines: Iterable[Mapping[str, Any]], email_lines: Iterable[Mapping[str, Any]], triggered_at: float
+) -> list[Mark]:
+    """Callbacks and emails of the demo Dags as marks, timed from ``triggered_at`` (epoch seconds)."""
+    marks = []
+    for line in callback_lines:
+        if line.get("dag_id") in DAG_IDS and line.get("try_number") is not None and line.get("time"):
+            seconds = float(line["time"]) - triggered_at
+            marks.append(Mark(seconds, str(line["dag_id"]), int(line["try_number"]), str(line.get("kind"))))
+    for line in email_lines:
+        fields = line.get("fields") or {}
+        if fields.get("dag_id") in DAG_IDS and fields.get("try_number") is not None and line.get("time"):
+            seconds = float(line["time"]) - triggered_at
+            marks.append(Mark(seconds, str(fields["dag_id"]), int(fields["try_number"]), EMAIL))
+    return sorted(marks, key=lambda m: (m.seconds, m.dag_id, m.try_number, m.kind))
 
 
 # --- verdicts -------------------------------------------------------------------------------------
@@ -259,7 +354,7 @@ def fixed_problems(result: RunResult) -> list[str]:
         second = _try(outcome, 2)
         if second is not None and second.state == "failed" and _total(outcome.callbacks, 2) != 1:
             problems.append(f"{CALLBACK_DAG_ID}: failed try 2 did not get exactly one callback")
-        if emails_via_backend(result.airflow_version) and outcome.emails.get(1, 0) != 1:
+        if result.emails_via_backend and outcome.emails.get(1, 0) != 1:
             problems.append(f"{CALLBACK_DAG_ID}: try 1 did not get exactly one email")
     if not result.converged:
         problems.append(f"did not converge: {result.stop_reason}")
@@ -268,7 +363,7 @@ def fixed_problems(result: RunResult) -> list[str]:
     return problems
 
 
-def callbacks_complete(dags: Mapping[str, DagOutcome], version: str) -> bool:
+def callbacks_complete(dags: Mapping[str, DagOutcome], emails_via_backend: bool) -> bool:
     """Whether every finished try of the callback Dag has its callback (and email, where counted)."""
     outcome = dags.get(CALLBACK_DAG_ID)
     if outcome is None:
@@ -278,14 +373,14 @@ def callbacks_complete(dags: Mapping[str, DagOutcome], version: str) -> bool:
             continue
         if _total(outcome.callbacks, row.try_number) < 1:
             return False
-        if emails_via_backend(version) and outcome.emails.get(row.try_number, 0) < 1:
+        if emails_via_backend and outcome.emails.get(row.try_number, 0) < 1:
             return False
     return True
 
 
 def stock_reproduced(result: RunResult) -> bool | None:
-    """Whether the stock run shows the bug this Airflow version has (None: no known bug)."""
-    bug = expected_stock_bug(result.airflow_version)
+    """Whether the stock run shows the bug this Airflow has (None: detection says it needs no fix)."""
+    bug = expected_stock_bug(result.needed_fixes)
     if bug == CRASH:
         return result.scheduler.crashed
     if bug == DUPLICATES:
@@ -325,10 +420,20 @@ def _try_cell(row: TryRow | None) -> str:
     return f"{row.state} (current)"
 
 
-def _callbacks_cell(per_kind: Mapping[str, int]) -> str:
-    if not per_kind:
-        return "0"
-    return ", ".join(f"{kind} x{n}" for kind, n in sorted(per_kind.items()))
+def callbacks_cell(per_kind: Mapping[str, int]) -> str:
+    """``retry x1 (expected 1 per try)``: each kind's count, short names, and what is expected."""
+    counts = ", ".join(f"{_short(kind)} x{n}" for kind, n in sorted(per_kind.items())) or "0"
+    return f"{counts} ({EXPECTED_PER_TRY})"
+
+
+def _short(kind: str) -> str:
+    return kind.removeprefix("on_").removesuffix("_callback")
+
+
+def emails_cell(count: int, via_backend: bool) -> str:
+    if not via_backend:
+        return f"{count} (not counted on this Airflow)"
+    return f"{count} ({EXPECTED_PER_TRY})"
 
 
 def _scheduler_cell(scheduler: SchedulerOutcome) -> str:
@@ -339,9 +444,9 @@ def _scheduler_cell(scheduler: SchedulerOutcome) -> str:
     return "alive"
 
 
-def _verdict_cell(result: RunResult) -> str:
+def verdict_cell(result: RunResult) -> str:
     if not result.fix_enabled:
-        bug = expected_stock_bug(result.airflow_version)
+        bug = expected_stock_bug(result.needed_fixes)
         if result.reproduced is None:
             return "no known bug in this version"
         return f"bug reproduced ({bug})" if result.reproduced else f"bug NOT reproduced ({bug} expected)"
@@ -363,18 +468,20 @@ def result_rows(
         for try_number in try_numbers.get(dag_id, []):
             rows.append((f"  try {try_number}", _try_cell(_try(outcome, try_number))))
             if dag_id == CALLBACK_DAG_ID:
-                rows.append(("    callbacks", _callbacks_cell(outcome.callbacks.get(try_number, {}))))
-                rows.append(("    emails", str(outcome.emails.get(try_number, 0))))
+                rows.append(("    callbacks", callbacks_cell(outcome.callbacks.get(try_number, {}))))
+                emails = outcome.emails.get(try_number, 0)
+                rows.append(("    emails", emails_cell(emails, result.emails_via_backend)))
     converge = (
         f"{result.converge_seconds:.0f} s after trigger" if result.converge_seconds is not None else "no"
     )
     rows.append(("converged", converge))
     rows.append(("run time", f"{result.elapsed_seconds:.0f} s ({result.stop_reason})"))
-    rows.append(("verdict", _verdict_cell(result)))
+    rows.append(("verdict", verdict_cell(result)))
     return rows
 
 
-def _all_try_numbers(results: Iterable[RunResult]) -> dict[str, list[int]]:
+def all_try_numbers(results: Iterable[RunResult]) -> dict[str, list[int]]:
+    """Per Dag, every try number any run saw (at least 1 and 2), so the runs line up side by side."""
     numbers: dict[str, set[int]] = {dag_id: {1, 2} for dag_id in DAG_IDS}
     for result in results:
         for dag_id, outcome in result.dags.items():
@@ -392,7 +499,7 @@ def render_table(results: list[RunResult], cell_width: int = 48) -> str:
     """The side-by-side table (one column per run), followed by full error lines and problems."""
     if not results:
         return ""
-    try_numbers = _all_try_numbers(results)
+    try_numbers = all_try_numbers(results)
     fix_names = list(dict.fromkeys(fix for r in results for fix in r.scheduler.fixes))
     columns = [result_rows(r, try_numbers, fix_names) for r in results]
     labels = [label for label, _ in columns[0]]

@@ -1,0 +1,299 @@
+"""
+``airflow-heartbeat-fix demo``: reproduce both scheduler bugs with real Airflow components, stock vs fixed.
+
+:func:`main` checks every option, path and database before it starts anything, takes the demo home's
+lock, runs :class:`~airflow_heartbeat_fix.demo.run.DemoRun` once per label, prints the side-by-side
+table (:mod:`.report`) and writes the HTML timeline (:mod:`.html_report`). Progress goes to stderr,
+the table to stdout. Exit codes: :data:`EXIT_CODES`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import signal
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from airflow_heartbeat_fix.demo import report
+from airflow_heartbeat_fix.demo.html_report import render_html
+from airflow_heartbeat_fix.demo.run import (
+    LABELS,
+    DemoConfig,
+    DemoError,
+    DemoRun,
+    UsageError,
+    airflow_executable,
+    database_refusal,
+    database_tables,
+    default_home,
+    display_url,
+    ensure_database_exists,
+    find_dag_sources,
+    installed_airflow_version,
+    probe_features,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from types import FrameType
+
+__all__ = ["EXIT_CODES", "main"]
+
+EXIT_OK = 0
+EXIT_NOT_CONVERGED = 1
+EXIT_USAGE = 2
+EXIT_ENVIRONMENT = 3
+EXIT_INTERRUPTED = 130
+EXIT_CODES = {
+    EXIT_OK: "the fixed run converged as expected",
+    EXIT_NOT_CONVERGED: "the fixed run did not converge (the table and the report say why)",
+    EXIT_USAGE: "refused before starting anything: invalid option, unusable --home/--json/--html, "
+    "a --database with tables the demo did not create, or another demo running in the same home",
+    EXIT_ENVIRONMENT: "setup failed: Airflow missing, database unreachable, migration or components failed",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C, SIGTERM, SIGHUP); every Airflow process it started is stopped",
+}
+
+#: In every home the demo made: a home with other content is not the demo's to delete from.
+HOME_MARKER = ".airflow-heartbeat-fix-demo"
+LOCK_NAME = ".demo.lock"
+#: What the demo itself puts in a home (homes made before the marker existed hold only these).
+HOME_ENTRIES = frozenset(
+    {HOME_MARKER, LOCK_NAME, "stock", "fixed", "template", "pycache", "probe", "report.html"}
+)
+REPORT_NAME = "report.html"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="airflow-heartbeat-fix demo",
+        description="Reproduce both scheduler bugs with real Airflow components: stock vs fixed.",
+        epilog="exit codes:\n"
+        + "\n".join(
+            textwrap.fill(text, width=78, initial_indent=f"  {code:<4}", subsequent_indent=" " * 6)
+            for code, text in EXIT_CODES.items()
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--home", type=Path, help="demo directory (default ./.demo/<version>-<db>)")
+    parser.add_argument(
+        "--database",
+        help="SQLAlchemy URL of a database to use instead of SQLite in the home; one holding tables the "
+        "demo did not create is refused unless --reset-database",
+    )
+    parser.add_argument(
+        "--reset-database",
+        action="store_true",
+        help="allow the demo to drop the Airflow tables of --database (airflow db reset)",
+    )
+    parser.add_argument(
+        "--dags", type=Path, help="Dags directory (default: the Dags installed with this package)"
+    )
+    parser.add_argument("--json", type=Path, dest="json_path", help="also write the result as JSON here")
+    parser.add_argument(
+        "--html", type=Path, dest="html_path", help=f"HTML timeline report (default <home>/{REPORT_NAME})"
+    )
+    parser.add_argument("--runs", default="stock,fixed", help="comma-separated: stock, fixed")
+    parser.add_argument("--heartbeat-timeout", type=int, default=10, help="seconds (default 10)")
+    parser.add_argument("--detection-interval", type=int, default=2, help="seconds (default 2)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per run after trigger")
+    parser.add_argument(
+        "--settle", type=float, default=6.0, help="seconds to watch for late callbacks (default 6)"
+    )
+    return parser.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace, cwd: Path) -> DemoConfig:
+    runs = tuple(r.strip() for r in args.runs.split(",") if r.strip())
+    if not runs or any(r not in LABELS for r in runs):
+        raise UsageError(f"--runs takes a comma-separated subset of {', '.join(LABELS)}")
+    if args.reset_database and not args.database:
+        raise UsageError("--reset-database needs --database")
+    version = installed_airflow_version()
+    home = (args.home or default_home(cwd, version, args.database)).resolve()
+    dags_origin, dag_sources = find_dag_sources(args.dags)
+    return DemoConfig(
+        home=home,
+        database=args.database,
+        dags_origin=dags_origin,
+        dag_sources=dag_sources,
+        airflow_bin=airflow_executable(),
+        airflow_version=version,
+        heartbeat_timeout=args.heartbeat_timeout,
+        detection_interval=args.detection_interval,
+        timeout=args.timeout,
+        settle=args.settle,
+        runs=runs,
+        json_path=args.json_path.absolute() if args.json_path else None,
+        html_path=(args.html_path or home / REPORT_NAME).absolute(),
+        reset_database=args.reset_database,
+    )
+
+
+# --- checks before anything starts ------------------------------------------------------------------
+
+
+def check_home(home: Path) -> None:
+    """Create ``home`` if needed; refuse one that holds anything the demo did not put there."""
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        entries = {p.name for p in home.iterdir()}
+        if entries and HOME_MARKER not in entries and not entries <= HOME_ENTRIES:
+            raise UsageError(
+                f"--home {home} holds files the demo did not create; pick a new or empty directory"
+            )
+        (home / HOME_MARKER).touch()
+    except OSError as exc:
+        raise UsageError(f"cannot use --home {home}: {exc.strerror or exc}") from exc
+
+
+def check_writable(path: Path, option: str) -> None:
+    """Refuse an output path the demo could not write at the end of a run of several minutes."""
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=True):
+            pass
+        if path.exists() and not os.access(path, os.W_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as exc:
+        raise UsageError(f"cannot write {option} {path}: {exc.strerror or exc}") from exc
+
+
+def check_database(config: DemoConfig) -> str | None:
+    """Refuse a ``--database`` with tables the demo did not create; the warning line when resetting it."""
+    if config.database is None:
+        return None
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        ensure_database_exists(config.database)
+        tables = database_tables(config.database)
+    except ArgumentError as exc:  # not a URL, or a dialect/driver this environment does not have
+        raise UsageError(f"--database {config.database!r}: {exc}") from exc
+    except DemoError:
+        raise
+    except Exception as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DemoError(f"cannot use --database {display_url(config.database)}: {first_line}") from exc
+    refusal = database_refusal(tables, config.database, reset_allowed=config.reset_database)
+    if refusal is not None:
+        raise UsageError(refusal)
+    if config.reset_database and tables:
+        return (
+            f"--reset-database: airflow db reset drops the Airflow tables of {display_url(config.database)} "
+            f"({len(tables)} tables)"
+        )
+    return None
+
+
+@contextlib.contextmanager
+def home_lock(home: Path) -> Iterator[None]:
+    """One demo per home at a time: an exclusive ``flock`` on ``<home>/.demo.lock``, held until done."""
+    path = home / LOCK_NAME
+    with path.open("a+", encoding="utf-8") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(
+                f"another demo is running in {home} (pid {_holder(lock) or 'unknown'}); "
+                "wait for it or pass another --home"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        try:
+            yield
+        finally:
+            lock.seek(0)
+            lock.truncate()
+
+
+def _holder(lock: IO[str]) -> str:
+    lock.seek(0)
+    return lock.read().strip()
+
+
+# --- output -----------------------------------------------------------------------------------------
+
+
+def to_json(config: DemoConfig, results: list[report.RunResult], ok: bool) -> dict[str, Any]:
+    return {
+        "airflow_version": config.airflow_version,
+        "database": config.db_label,
+        "heartbeat_timeout": config.heartbeat_timeout,
+        "ok": ok,
+        "runs": {r.label: dataclasses.asdict(r) for r in results},
+    }
+
+
+def write_outputs(config: DemoConfig, results: list[report.RunResult], ok: bool) -> None:
+    """The table on stdout, then the HTML report (its path printed) and the JSON."""
+    sys.stdout.write(report.render_table(results))
+    if config.html_path is not None:
+        config.html_path.write_text(render_html(results), encoding="utf-8")
+        sys.stdout.write(f"report: {config.html_path}\n")
+    if config.json_path is not None:
+        config.json_path.write_text(
+            json.dumps(to_json(config, results, ok), indent=2) + "\n", encoding="utf-8"
+        )
+
+
+def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = build_config(args, Path.cwd())
+        check_home(config.home)
+        for path, option in ((config.json_path, "--json"), (config.html_path, "--html")):
+            if path is not None:
+                check_writable(path, option)
+        with home_lock(config.home):
+            notice = check_database(config)
+            if notice:
+                print(f"demo: {notice}", file=sys.stderr)
+            return _run(config)
+    except UsageError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except DemoError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
+
+
+def _run(config: DemoConfig) -> int:
+    # Ctrl-C, kill and a closed terminal all end the demo the same way: through DemoRun's stop.
+    # (SIGINT explicitly too: a shell starts background jobs with SIGINT ignored.)
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, _raise_keyboard_interrupt) for sig in stop_signals}
+    results: list[report.RunResult] = []
+    print(
+        f"demo: Airflow {config.airflow_version} ({config.db_label}), home {config.home}, "
+        f"Dags from {config.dags_origin}, heartbeat timeout {config.heartbeat_timeout} s",
+        file=sys.stderr,
+    )
+    try:
+        features = probe_features(config)
+        for label in config.runs:
+            results.append(DemoRun(config, label, features).execute())
+    except KeyboardInterrupt:
+        print("demo: interrupted; all Airflow processes stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    ok = all(not r.problems for r in results if r.fix_enabled)
+    write_outputs(config, results, ok)
+    return EXIT_OK if ok else EXIT_NOT_CONVERGED

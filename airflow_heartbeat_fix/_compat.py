@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Stats",
     "default_executor",
+    "scheduler_executors",
     "scoped_session",
     "scoped_session_in_transaction",
     "timezone",
@@ -51,12 +52,16 @@ def scoped_session_in_transaction() -> bool:
     return registry is not None and registry.registry.has() and registry().in_transaction()
 
 
-def default_executor(runner: SchedulerJobRunner) -> BaseExecutor:
+def scheduler_executors(runner: SchedulerJobRunner) -> list[BaseExecutor]:
     """
-    The executor the scheduler sends callbacks through.
+    The scheduler's executors, the default one first.
 
-    3.2+ keeps the executors on the runner (``runner.executor``); 3.0/3.1 on its job
-    (``runner.job.executor``, a property there).
+    3.2+ keeps them on the runner (``runner.executors``); 3.0/3.1 on its job (``runner.job.executors``,
+    a cached property there).
     """
-    executor = vars(runner).get("executor")
-    return executor if executor is not None else runner.job.executor
+    return vars(runner).get("executors") or runner.job.executors
+
+
+def default_executor(runner: SchedulerJobRunner) -> BaseExecutor:
+    """The executor the scheduler sends callbacks through."""
+    return scheduler_executors(runner)[0]

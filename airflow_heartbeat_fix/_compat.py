@@ -19,9 +19,18 @@ except ImportError:  # 3.0/3.1.
     from airflow.stats import Stats  # type: ignore[assignment,no-redef,unused-ignore]
 
 if TYPE_CHECKING:
+    from airflow.executors.base_executor import BaseExecutor
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
     from sqlalchemy.orm import Session
 
-__all__ = ["Stats", "scoped_session", "scoped_session_in_transaction", "with_row_locks"]
+__all__ = [
+    "Stats",
+    "default_executor",
+    "scheduler_executors",
+    "scoped_session",
+    "scoped_session_in_transaction",
+    "with_row_locks",
+]
 
 
 def scoped_session() -> Session:
@@ -35,3 +44,18 @@ def scoped_session_in_transaction() -> bool:
     """Whether the thread's scoped session has begun a transaction, without beginning one."""
     registry = settings.Session
     return registry is not None and registry.registry.has() and registry().in_transaction()
+
+
+def scheduler_executors(runner: SchedulerJobRunner) -> list[BaseExecutor]:
+    """
+    The scheduler's executors, the default one first.
+
+    3.2+ keeps them on the runner (``runner.executors``); 3.0/3.1 on its job (``runner.job.executors``,
+    a cached property there).
+    """
+    return vars(runner).get("executors") or runner.job.executors
+
+
+def default_executor(runner: SchedulerJobRunner) -> BaseExecutor:
+    """The executor the scheduler sends callbacks through."""
+    return scheduler_executors(runner)[0]

@@ -22,7 +22,7 @@ from sqlalchemy import inspect, select
 from sqlalchemy.orm.attributes import set_committed_value
 
 from airflow_heartbeat_fix import session_binding
-from airflow_heartbeat_fix._compat import Stats, scoped_session, with_row_locks
+from airflow_heartbeat_fix._compat import Stats, default_executor, scoped_session, with_row_locks
 from airflow_heartbeat_fix.detection import LOCK_FIX, PURGE_FIX, SINK_FIX
 
 if TYPE_CHECKING:
@@ -118,14 +118,15 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
             callback_type = (
                 TaskInstanceState.UP_FOR_RETRY if ti.is_eligible_to_retry() else TaskInstanceState.FAILED
             )
-            with _typed_task_callbacks(self.executor, ti.id, callback_type) as sent:
+            executor = default_executor(self)
+            with _typed_task_callbacks(executor, ti.id, callback_type) as sent:
                 super()._purge_task_instances_without_heartbeats([ti], session=session)
             if not sent and ti.state != TaskInstanceState.RESTARTING:
                 # The stock purge skipped it (no Dag version to build a callback from); so does upstream.
                 continue
             # Once the task instance leaves RUNNING, the executor-event path no longer sends the email.
             if sent and _has_email_alerts(ti.task):
-                self.executor.send_callback(_email_request_for(sent[0], callback_type))
+                executor.send_callback(_email_request_for(sent[0], callback_type))
             msg = str(self._generate_task_instance_heartbeat_timeout_message_details(ti))
             ti.handle_failure(error=msg, session=session)
             Stats.incr(
@@ -178,18 +179,19 @@ def _typed_task_callbacks(
     """
     While the stock purge runs, stamp the task instance's callback with ``callback_type`` and collect it.
 
-    3.2 sends heartbeat-timeout callbacks untyped (so a retryable task gets ``on_failure_callback``) and
-    3.3 types them without the task loaded. The stock purge calls ``self.executor.send_callback``; the
-    interception is an instance attribute on that executor. When the block ends, whatever was there
-    before comes back: the executor's (or another plugin's) own instance attribute, or none, so the
-    class's method is found again. Nested blocks unwind in order.
+    3.1, 3.2 and 3.3.0 send heartbeat-timeout callbacks untyped (so a retryable task gets
+    ``on_failure_callback``); 3.3.1+ type them without the task loaded. The stock purge calls the
+    scheduler's default executor's ``send_callback``; the interception is an instance attribute on it.
+    When the block ends, whatever was there before comes back: the executor's (or another plugin's) own
+    instance attribute, or none, so the class's method is found again. Nested blocks unwind in order.
     """
     sent: list[TaskCallbackRequest] = []
     own_attribute = vars(executor).get("send_callback", _ABSENT)
     send_callback: Callable[[CallbackRequest], None] = executor.send_callback
 
     def typed_send_callback(request: CallbackRequest) -> None:
-        if isinstance(request, TaskCallbackRequest) and request.ti.id == ti_id:
+        # Compared as text: up to 3.1 the model's id is a string column, the request's a UUID.
+        if isinstance(request, TaskCallbackRequest) and str(request.ti.id) == str(ti_id):
             request.task_callback_type = callback_type
             sent.append(request)
         send_callback(request)

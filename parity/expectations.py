@@ -77,6 +77,13 @@ class Expectations:
     bugs: dict[str, Bug]
     sources: dict[str, Source]
     tests: dict[str, TestExpectation]
+    #: Releases swept on SQLite only (fixed + stock); ``versions`` get every db x mode.
+    sweep: tuple[str, ...] = ()
+
+    @property
+    def all_versions(self) -> tuple[str, ...]:
+        """Every release the suite is run on: the full matrix's, then the sweep's."""
+        return self.versions + self.sweep
 
     def for_node(self, nodeid: str) -> TestExpectation | None:
         """The entry for ``nodeid``: its parametrized entry, if any, already merged over its base entry."""
@@ -107,8 +114,11 @@ def disagreements_with_detection(
     ``not_needed``: the fixes detection reports as "not needed" on that Airflow. A release listed under
     a bug must need that bug's fix; a release listed under no bug of a fix must not.
     """
-    if version not in expectations.versions:
-        return [f"Airflow {version} is not in [matrix].versions {list(expectations.versions)}"]
+    if version not in expectations.all_versions:
+        return [
+            f"Airflow {version} is in neither [matrix].versions {list(expectations.versions)} "
+            f"nor [matrix].sweep {list(expectations.sweep)}"
+        ]
     problems = []
     for fix in sorted({bug.fix for bug in expectations.bugs.values()}):
         present = [b.name for b in expectations.bugs.values() if b.fix == fix and version in b.versions]
@@ -141,7 +151,8 @@ def _not_applicable(raw: Any, where: str, matrix: dict[str, tuple[str, ...]]) ->
     narrowed: dict[str, tuple[str, ...] | None] = {}
     for key in _NOT_APPLICABLE_KEYS:
         values = _strings(raw[key], f"{where}.{key}") if key in raw else None
-        if values is not None and (unknown := set(values) - set(matrix[key])):
+        known = matrix[key] + matrix["sweep"] if key == "versions" else matrix[key]
+        if values is not None and (unknown := set(values) - set(known)):
             raise ExpectationsError(f"{where}.{key}: {sorted(unknown)} not in [matrix].{key}")
         narrowed[key] = values
     return NotApplicable(reason=raw["reason"], **narrowed)
@@ -155,7 +166,7 @@ def _bug(name: str, raw: Any, versions: tuple[str, ...]) -> Bug:
         raise ExpectationsError(f"{where}.fix: {raw['fix']!r} is not one of the package's fixes {FIXES}")
     bug_versions = _strings(raw.get("versions"), f"{where}.versions")
     if unknown := set(bug_versions) - set(versions):
-        raise ExpectationsError(f"{where}.versions: {sorted(unknown)} not in [matrix].versions")
+        raise ExpectationsError(f"{where}.versions: {sorted(unknown)} not in [matrix].versions or .sweep")
     return Bug(name=name, fix=raw["fix"], title=raw["title"], versions=bug_versions)
 
 
@@ -212,10 +223,13 @@ def parse(data: dict[str, Any]) -> Expectations:
     if not isinstance(raw_matrix, dict):
         raise ExpectationsError("[matrix] is missing")
     matrix = {key: _strings(raw_matrix.get(key), f"[matrix].{key}") for key in _NOT_APPLICABLE_KEYS}
+    matrix["sweep"] = _strings(raw_matrix.get("sweep", []), "[matrix].sweep")
+    if twice := set(matrix["versions"]) & set(matrix["sweep"]):
+        raise ExpectationsError(f"[matrix]: {sorted(twice)} in both versions and sweep")
     raw_bugs, raw_sources = data.get("bugs", {}), data.get("sources", {})
     if not isinstance(raw_bugs, dict) or not isinstance(raw_sources, dict):
         raise ExpectationsError("[bugs] and [sources] must be tables")
-    bugs = {name: _bug(name, raw, matrix["versions"]) for name, raw in raw_bugs.items()}
+    bugs = {name: _bug(name, raw, matrix["versions"] + matrix["sweep"]) for name, raw in raw_bugs.items()}
     sources: dict[str, Source] = {}
     for name, raw in raw_sources.items():
         if not isinstance(raw, dict) or not all(isinstance(raw.get(key), str) for key in ("title", "ref")):
@@ -229,6 +243,7 @@ def parse(data: dict[str, Any]) -> Expectations:
         bugs=bugs,
         sources=sources,
         tests=_tests(data.get("test", []), bugs, sources, matrix),
+        sweep=matrix["sweep"],
     )
 
 

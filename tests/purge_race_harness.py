@@ -62,6 +62,8 @@ def new_runner(session: Session, *, job_id: int | None = None) -> Any:
     from airflow.cli.commands import scheduler_command
     from airflow.jobs.job import Job
 
+    from airflow_heartbeat_fix._compat import scheduler_executors
+
     job = Job()
     if job_id is None:
         session.add(job)
@@ -70,7 +72,7 @@ def new_runner(session: Session, *, job_id: int | None = None) -> Any:
         job.id = job_id
     runner = scheduler_command.SchedulerJobRunner(job=job, num_runs=1)
     sink = database_callback_sink.DatabaseCallbackSink()
-    for executor in runner.executors:
+    for executor in scheduler_executors(runner):
         executor.job_id = job.id
         executor.callback_sink = sink
     session.commit()
@@ -80,6 +82,13 @@ def new_runner(session: Session, *, job_id: int | None = None) -> Any:
         session.refresh(job)
         session.expunge(job)
     return runner
+
+
+def _default_executor(runner: Any) -> Any:
+    """The executor the runner sends callbacks through (on the runner from 3.2 on, on its job before)."""
+    from airflow_heartbeat_fix._compat import default_executor
+
+    return default_executor(runner)
 
 
 def make_stale(tis: list[Any], runner: Any, session: Session) -> list[Any]:
@@ -159,7 +168,8 @@ def callbacks_per_try(session: Session) -> dict[Any, int]:
     for row in session.scalars(select(DbCallbackRequest)):
         request = row.get_callback_request()
         if type(request).__name__ == "TaskCallbackRequest":
-            counts[request.ti.id] = counts.get(request.ti.id, 0) + 1
+            # Keyed as text: up to 3.1 the model's id is a string column, the request's a UUID.
+            counts[str(request.ti.id)] = counts.get(str(request.ti.id), 0) + 1
     return counts
 
 
@@ -171,7 +181,7 @@ def outcomes(session: Session, ti_ids: list[Any], told_success: set[Any]) -> lis
     callbacks = callbacks_per_try(session)
     session.commit()
     return [
-        TryOutcome(ti_id, states.get(ti_id), callbacks.get(ti_id, 0), ti_id in told_success)
+        TryOutcome(ti_id, states.get(ti_id), callbacks.get(str(ti_id), 0), ti_id in told_success)
         for ti_id in ti_ids
     ]
 
@@ -363,7 +373,9 @@ def on_callback_for(
 ) -> Any:
     """:func:`on_task_callbacks` for one task instance."""
     return on_task_callbacks(
-        executor, lambda request: action() if request.ti.id == ti_id else None, after_sending=after_sending
+        executor,
+        lambda request: action() if str(request.ti.id) == str(ti_id) else None,
+        after_sending=after_sending,
     )
 
 
@@ -377,7 +389,7 @@ def worker_finishes_kth(runner: Any, ti_ids: list[Any], k: int, session: Session
     target = ti_ids[k]
     with lock_monitor() as waiting, Interleaving(waiting).active() as interleaving:
         give_way = lambda: interleaving.give_way(Actor("worker", lambda: worker.finish(target)))  # noqa: E731
-        with on_callback_for(runner.executor, target, give_way):
+        with on_callback_for(_default_executor(runner), target, give_way):
             error = purge_pass(runner)
     if error is not None:
         raise error
@@ -391,7 +403,7 @@ def two_schedulers(runner: Any, other: Any, ti_ids: list[Any], session: Session)
     target = ti_ids[1]
     with lock_monitor() as waiting, Interleaving(waiting).active() as interleaving:
         actor = Actor("other-scheduler", lambda: purge_pass(other))
-        with on_callback_for(runner.executor, target, lambda: interleaving.give_way(actor)):
+        with on_callback_for(_default_executor(runner), target, lambda: interleaving.give_way(actor)):
             error = purge_pass(runner)
     for failure in (error, actor.error, actor.result):
         if failure is not None:
@@ -478,7 +490,9 @@ def connection_killed_after_callback_for_kth(
             admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
         admin_engine.dispose()
 
-    with on_callback_for(runner.executor, ti_ids[k], terminate_scheduler_connection, after_sending=True):
+    with on_callback_for(
+        _default_executor(runner), ti_ids[k], terminate_scheduler_connection, after_sending=True
+    ):
         error = purge_pass(runner)
     return error, *_half_done_then_next_pass(runner, ti_ids, session)
 
@@ -561,7 +575,7 @@ def random_finishes(
     try:
         for actor in actors:
             actor.start()
-        with on_task_callbacks(runner.executor, count_callback):
+        with on_task_callbacks(_default_executor(runner), count_callback):
             error = purge_pass(runner)
     finally:
         event.remove(settings.engine, "before_cursor_execute", count_statement)

@@ -22,7 +22,10 @@ CALLBACK_DAG = demo_report.CALLBACK_DAG_ID
 
 @pytest.fixture(scope="module")
 def dagbag() -> DagBag:
-    from airflow.dag_processing.dagbag import DagBag
+    try:  # 3.2+
+        from airflow.dag_processing.dagbag import DagBag
+    except ImportError:  # 3.0/3.1
+        from airflow.models.dagbag import DagBag  # type: ignore[no-redef,attr-defined,unused-ignore]
 
     return DagBag(dag_folder=DAGS_DIR)
 

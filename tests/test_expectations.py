@@ -51,6 +51,19 @@ def test_repository_file_is_valid() -> None:
     assert all((root / entry.node.split("::", 1)[0]).is_file() for entry in expectations.tests.values())
 
 
+def test_sweep_releases_can_carry_bugs_and_be_checked() -> None:
+    data = copy.deepcopy(_file())
+    data["matrix"]["sweep"] = ["3.3.0"]
+    data["bugs"]["old_purge"]["versions"] = ["3.3.0", "3.3.2"]
+    data["test"][0]["not_applicable"] = [{"versions": ["3.3.0"], "dbs": ["postgres"], "reason": "swept"}]
+    expectations = parse(data)
+    assert expectations.sweep == ("3.3.0",)
+    assert expectations.all_versions == ("3.3.2", "3.4.0b2", "3.3.0")
+    assert [bug.name for bug in expectations.bugs_caught(NODE, "3.3.0")] == ["old_purge"]
+    assert disagreements_with_detection(expectations, "3.3.0", {SINK_FIX}) == []
+    assert parse(_file()).sweep == ()
+
+
 def test_parametrized_entry_inherits_what_it_does_not_set() -> None:
     expectations = parse(_file())
     override = expectations.for_node(f"{NODE}[retry]")
@@ -101,6 +114,8 @@ def _broken(change: str) -> dict[str, Any]:
         base["stock"] = {"3.3.2": "pass"}
     elif change == "not_applicable without reason":
         base["not_applicable"] = [{"dbs": ["sqlite"]}]
+    elif change == "release both in the full matrix and the sweep":
+        data["matrix"]["sweep"] = ["3.3.2"]
     return data
 
 
@@ -116,6 +131,7 @@ def _broken(change: str) -> dict[str, Any]:
         "declared twice",
         "unknown key",
         "not_applicable without reason",
+        "release both in the full matrix and the sweep",
     ],
 )
 def test_inconsistent_files_are_rejected(change: str) -> None:

@@ -146,7 +146,10 @@ class DagMaker:
 
     def sync_dag_to_db(self) -> None:
         """Store the Dag as the Dag processor does: bag it and sync the bag (Dag, version, serialized)."""
-        from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+        try:  # 3.2+
+            from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+        except ImportError:  # 3.0/3.1
+            from airflow.models.dagbag import DagBag, sync_bag_to_db  # type: ignore[no-redef,attr-defined]
 
         dagbag = DagBag(collect_dags=False)
         dagbag.bag_dag(self.dag)

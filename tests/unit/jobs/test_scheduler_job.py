@@ -24,6 +24,7 @@ fixes, everything passes with or without the package.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -107,6 +108,24 @@ def _make_running(
     session.merge(ti)
     session.commit()
     return ti
+
+
+def _scheduler_runner(job: Job, executor: Any) -> Any:
+    """A one-loop scheduler runner on ``executor``: 3.2+ takes the executors, 3.0/3.1 read the job's."""
+    runner_cls = scheduler_command.SchedulerJobRunner
+    if "executors" in inspect.signature(runner_cls.__init__).parameters:
+        return runner_cls(job=job, num_runs=1, executors=[executor])
+    job.executors = [executor]
+    return runner_cls(job=job, num_runs=1)
+
+
+def _executors(job_runner: Any) -> list[Any]:
+    """The runner's executors (on the runner from 3.2 on, on its job before)."""
+    return vars(job_runner).get("executors") or job_runner.job.executors
+
+
+def _default_executor(job_runner: Any) -> Any:
+    return _executors(job_runner)[0]
 
 
 def _task_key(executor: Any, ti: TaskInstance) -> Any:
@@ -224,11 +243,9 @@ class TestSchedulerJob:
         scheduler_job = Job()
         session.add(scheduler_job)
         session.flush()
-        self.job_runner = scheduler_command.SchedulerJobRunner(
-            job=scheduler_job, num_runs=1, executors=[LocalExecutor()]
-        )
+        self.job_runner = _scheduler_runner(scheduler_job, LocalExecutor())
         sink = database_callback_sink.DatabaseCallbackSink()
-        for executor in self.job_runner.executors:
+        for executor in _executors(self.job_runner):
             executor.job_id = scheduler_job.id
             executor.callback_sink = sink
         session.commit()
@@ -377,7 +394,8 @@ class TestSchedulerJob:
         session.execute(delete(SerializedDagModel).where(SerializedDagModel.dag_id == ti.dag_id))
         session.commit()
         session.expire_all()  # the DagVersion in the identity map still holds the deleted serialized Dag
-        self.job_runner.scheduler_dag_bag.clear_cache()
+        if hasattr(self.job_runner.scheduler_dag_bag, "clear_cache"):  # 3.0/3.1: none; nothing cached yet
+            self.job_runner.scheduler_dag_bag.clear_cache()
 
         self._purge(session)
 
@@ -461,8 +479,8 @@ class TestSchedulerJob:
         ti = self._hung_ti(dag_maker, session, "hb_then_event", retries=1, callbacks=True)
 
         self._purge(session)
-        _report_event(self.job_runner.executor, ti, TaskInstanceState.FAILED)
-        self.job_runner._process_executor_events(self.job_runner.executor, session)
+        _report_event(_default_executor(self.job_runner), ti, TaskInstanceState.FAILED)
+        self.job_runner._process_executor_events(_default_executor(self.job_runner), session)
         session.commit()
         self._purge(session)
 
@@ -484,9 +502,9 @@ class TestSchedulerJob:
         """A RUNNING task reported FAILED (killed externally) that has on_failure/on_retry callbacks."""
         self._create_job_runner(session)
         ti = self._hung_ti(dag_maker, session, "crash_task_callback", retries=1, callbacks=True)
-        _report_event(self.job_runner.executor, ti, TaskInstanceState.FAILED)
+        _report_event(_default_executor(self.job_runner), ti, TaskInstanceState.FAILED)
 
-        self.job_runner._process_executor_events(self.job_runner.executor, session)
+        self.job_runner._process_executor_events(_default_executor(self.job_runner), session)
         session.commit()
 
         _assert_retried_once(session, ti)
@@ -497,9 +515,9 @@ class TestSchedulerJob:
         """The same path for a task with email alerts and no callbacks."""
         self._create_job_runner(session)
         ti = self._hung_ti(dag_maker, session, "crash_email", retries=1, email=["ops@example.com"])
-        _report_event(self.job_runner.executor, ti, TaskInstanceState.FAILED)
+        _report_event(_default_executor(self.job_runner), ti, TaskInstanceState.FAILED)
 
-        self.job_runner._process_executor_events(self.job_runner.executor, session)
+        self.job_runner._process_executor_events(_default_executor(self.job_runner), session)
         session.commit()
 
         _assert_retried_once(session, ti)
@@ -531,10 +549,10 @@ class TestSchedulerJob:
         session.expunge_all()  # nothing may still hold the deleted serialized Dag
         # The batch's query hands back this same object (identity map), whatever order it returns rows in.
         batch_member = session.get(TaskInstance, retryable.id)
-        _report_event(self.job_runner.executor, orphan, TaskInstanceState.FAILED)
-        _report_event(self.job_runner.executor, retryable, TaskInstanceState.FAILED)
+        _report_event(_default_executor(self.job_runner), orphan, TaskInstanceState.FAILED)
+        _report_event(_default_executor(self.job_runner), retryable, TaskInstanceState.FAILED)
 
-        self.job_runner._process_executor_events(self.job_runner.executor, session)
+        self.job_runner._process_executor_events(_default_executor(self.job_runner), session)
         still_attached = batch_member in session
         session.commit()
 
@@ -619,7 +637,7 @@ class TestSchedulerJob:
         assert (request.ti.task_id, request.ti.try_number) == ("hung", 1)
         assert "'Task Id': 'hung'" in request.msg
         assert "'Hostname': 'hung-worker'" in request.msg
-        executor = self.job_runner.executor
+        executor = _default_executor(self.job_runner)
         assert _event_states(executor) == {_task_key(executor, hung): TaskInstanceState.FAILED}
         audit = session.scalars(
             select(Log).where(Log.dag_id == hung.dag_id, Log.event == "heartbeat timeout")
@@ -652,7 +670,7 @@ class TestSchedulerJob:
         self.job_runner._find_and_purge_task_instances_without_heartbeats()
 
         assert _callback_requests(session) == []
-        assert _event_states(self.job_runner.executor) == {}
+        assert _event_states(_default_executor(self.job_runner)) == {}
 
     def test_process_executor_event_missing_dag(self, dag_maker, session):
         self._create_job_runner(session)
@@ -667,9 +685,9 @@ class TestSchedulerJob:
         session.execute(delete(SerializedDagModel).where(SerializedDagModel.dag_id == ti.dag_id))
         session.commit()
         session.expunge_all()  # nothing may still hold the deleted serialized Dag
-        _report_event(self.job_runner.executor, ti, TaskInstanceState.FAILED)
+        _report_event(_default_executor(self.job_runner), ti, TaskInstanceState.FAILED)
 
-        self.job_runner._process_executor_events(self.job_runner.executor, session)
+        self.job_runner._process_executor_events(_default_executor(self.job_runner), session)
         session.commit()
 
         assert _final_state(session, ti) == TaskInstanceState.FAILED
@@ -693,9 +711,9 @@ class TestSchedulerJob:
             session,
             stale_for=timedelta(0),
         )
-        _report_event(self.job_runner.executor, ti, TaskInstanceState.FAILED)
+        _report_event(_default_executor(self.job_runner), ti, TaskInstanceState.FAILED)
 
-        self.job_runner._process_executor_events(self.job_runner.executor, session)
+        self.job_runner._process_executor_events(_default_executor(self.job_runner), session)
         session.commit()
 
         (request,) = _task_callbacks(session, ti)

@@ -54,13 +54,19 @@ def clear_db_jobs() -> None:
 
 
 def clear_db_callbacks() -> None:
-    """The ``callback`` table of executor callbacks (Airflow 3.2+), as upstream clears it.
+    """The callbacks table, as upstream's helper of the installed release clears it.
 
-    The requests ``DatabaseCallbackSink`` stores live in ``callback_request``, which upstream's helper
-    leaves alone on 3.2+: a module that needs that table empty deletes ``DbCallbackRequest`` itself.
+    3.2+: the ``callback`` table of executor callbacks; the requests ``DatabaseCallbackSink`` stores live
+    in ``callback_request``, which upstream's helper leaves alone there (a module that needs that table
+    empty deletes ``DbCallbackRequest`` itself). 3.0/3.1 have no executor callbacks: upstream's helper
+    clears ``callback_request``.
     """
-    from airflow.models.callback import Callback
     from airflow.utils.session import create_session
+
+    try:
+        from airflow.models.callback import Callback
+    except ImportError:
+        from airflow.models.db_callback_request import DbCallbackRequest as Callback  # type: ignore[assignment]
 
     with create_session() as session:
         session.execute(delete(Callback))

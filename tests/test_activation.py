@@ -19,6 +19,9 @@ import airflow_heartbeat_fix
 from airflow_heartbeat_fix import activation, provider_info
 from airflow_heartbeat_fix.detection import FixState
 
+# Every test here runs its Airflow processes with the switch it needs, whatever the cell's mode.
+pytestmark = pytest.mark.mode_independent
+
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 STATUS = str(Path(sys.executable).with_name("airflow-heartbeat-fix"))
 

@@ -5,6 +5,9 @@ Turn the fixes on in this process, and off again.
 fixes and, when the sink fix is active, Airflow's ``DatabaseCallbackSink`` for the session-preserving
 subclass. :func:`uninstall` puts the originals back. What is active comes from
 :func:`~airflow_heartbeat_fix.detection.decide` on the unpatched classes and ``[heartbeat_fix] enabled``.
+
+Like sentry's and ddtrace's integrations: the automatic path (the ``airflow.policy`` import hook) logs a
+failure and leaves Airflow as it is; the explicit path (``airflow-heartbeat-fix scheduler``) raises.
 """
 
 from __future__ import annotations
@@ -31,13 +34,45 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_heartbeat_fix")
 
 CONFIG_SECTION = "heartbeat_fix"
+#: What Airflow's ``conf.getboolean`` accepts, for the one-line error.
+ACCEPTED_BOOLEANS = "True/False, t/f, 1/0"
+
+
+class ActivationError(RuntimeError):
+    """The explicit activation could not apply a fix this Airflow needs."""
+
+
+@dataclass(frozen=True)
+class Switch:
+    """``[heartbeat_fix] enabled`` as read, and why it was overridden if it was."""
+
+    enabled: bool
+    raw: str
+    problem: str | None = None
+
+
+def read_switch() -> Switch:
+    """
+    ``[heartbeat_fix] enabled`` (``AIRFLOW__HEARTBEAT_FIX__ENABLED``), default True.
+
+    An invalid value fails safe: the fixes stay on, and :attr:`Switch.problem` says why, in one line.
+    """
+    from airflow.configuration import conf
+    from airflow.exceptions import AirflowConfigException
+
+    raw = str(conf.get(CONFIG_SECTION, "enabled", fallback="True"))
+    try:
+        return Switch(conf.getboolean(CONFIG_SECTION, "enabled", fallback=True), raw)
+    except AirflowConfigException:
+        problem = (
+            f"[{CONFIG_SECTION}] enabled = {raw!r} is not a boolean (accepted: {ACCEPTED_BOOLEANS}); "
+            "the fixes stay on"
+        )
+        return Switch(True, raw, problem)
 
 
 def is_enabled() -> bool:
-    """``[heartbeat_fix] enabled`` (``AIRFLOW__HEARTBEAT_FIX__ENABLED``); on unless set to False."""
-    from airflow.configuration import conf
-
-    return conf.getboolean(CONFIG_SECTION, "enabled", fallback=True)
+    return read_switch().enabled
 
 
 @functools.cache
@@ -69,8 +104,21 @@ def summary(decided: dict[str, FixDecision], version: str) -> str:
     return f"airflow-heartbeat-fix on Airflow {version}: " + "; ".join(parts)
 
 
+def not_applied(decided: dict[str, FixDecision]) -> list[FixDecision]:
+    """Fixes this Airflow needs (or may need) that a scheduler would run without."""
+    return [d for d in decided.values() if d.state in (FixState.DISABLED, FixState.UNSUPPORTED)]
+
+
+def _failed(decided: dict[str, FixDecision], exc: BaseException) -> dict[str, FixDecision]:
+    """Every fix that was to be applied, reported unsupported with the error that stopped it."""
+    why = f"could not be applied ({type(exc).__name__}: {exc}); left unpatched"
+    failed = {fix: FixDecision(fix, FixState.UNSUPPORTED, why) for fix in FIXES}
+    return {**failed, **{fix: d for fix, d in decided.items() if d.state is not FixState.ACTIVE}}
+
+
 @dataclass
 class _Installed:
+    decided: dict[str, FixDecision] = field(default_factory=dict)
     runner: type | None = None
     patched: list[tuple[ModuleType, str, Any]] = field(default_factory=list)
 
@@ -83,26 +131,38 @@ def _patch(module: ModuleType, name: str, value: Any, into: _Installed) -> None:
     setattr(module, name, value)
 
 
-def install() -> dict[str, FixDecision]:
-    """Activate the fixes this installation needs; idempotent. Never raises into Airflow."""
+def install(*, raise_errors: bool = False) -> dict[str, FixDecision]:
+    """
+    Activate the fixes this installation needs; idempotent; returns what was decided and applied.
+
+    ``raise_errors=False`` (automatic activation) logs a failure and leaves Airflow unpatched;
+    ``raise_errors=True`` (explicit activation) raises :class:`ActivationError` instead.
+    """
     global _installed
     if _installed is not None:
-        return decisions()
+        return _installed.decided
     # Claimed before patching: importing the scheduler command below re-enters through the import hook.
     _installed = state = _Installed()
+    decided: dict[str, FixDecision] = {}
     try:
+        switch = read_switch()
+        if switch.problem:
+            log.warning("airflow-heartbeat-fix: %s", switch.problem)
         found = facts()
-        decided = decide(found, enabled=is_enabled())
+        decided = decide(found, enabled=switch.enabled)
         active = tuple(fix for fix, decision in decided.items() if decision.state is FixState.ACTIVE)
         if active:
             _apply(active, state)
-    except Exception:
-        log.exception("airflow-heartbeat-fix could not be activated; Airflow is left unpatched")
+    except Exception as exc:
         uninstall()
-        return {}
-    for fix in FIXES:
-        if decided[fix].state is FixState.UNSUPPORTED:
-            log.warning("airflow-heartbeat-fix: %s not applied: %s", fix, decided[fix].reason)
+        if raise_errors:
+            raise ActivationError(f"airflow-heartbeat-fix could not be activated: {exc}") from exc
+        log.warning("airflow-heartbeat-fix could not be activated; Airflow is left unpatched", exc_info=True)
+        return _failed(decided, exc)
+    state.decided = decided
+    for decision in decided.values():
+        if decision.state is FixState.UNSUPPORTED:
+            log.warning("airflow-heartbeat-fix: %s not applied: %s", decision.fix, decision.reason)
     log.info(summary(decided, found.version))
     return decided
 
@@ -136,12 +196,31 @@ def uninstall() -> None:
     _installed = None
 
 
+def dry_run() -> dict[str, FixDecision]:
+    """
+    What a scheduler started now would run: the same activation, then undone.
+
+    Import and compatibility failures surface here as ``unsupported`` with the error, exactly as the
+    scheduler would meet them. If this process already runs the fixes, that state is reported as is.
+    """
+    if _installed is not None:
+        return _installed.decided
+    log.disabled = True  # the caller reports the outcome; the start-up lines are the scheduler's
+    try:
+        return install()
+    finally:
+        uninstall()
+        log.disabled = False
+
+
 def installed_runner() -> type | None:
     """The fixed runner class in use, or ``None`` when nothing is patched."""
     return _installed.runner if _installed is not None else None
 
 
-def describe() -> list[tuple[str, str, str, str]]:
-    """Rows of ``(fix, title, state, reason)`` for ``airflow-heartbeat-fix status``."""
-    decided = decisions()
-    return [(fix, FIX_TITLES[fix], decided[fix].state.value, decided[fix].reason) for fix in FIXES]
+def describe(decided: dict[str, FixDecision]) -> list[dict[str, str]]:
+    """One row per fix, for ``airflow-heartbeat-fix status``."""
+    rows = [decided[fix] for fix in FIXES if fix in decided]
+    return [
+        {"fix": d.fix, "state": d.state.value, "reason": d.reason, "title": FIX_TITLES[d.fix]} for d in rows
+    ]

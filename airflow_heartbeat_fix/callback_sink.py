@@ -8,6 +8,8 @@ from airflow import settings
 from airflow.callbacks.database_callback_sink import DatabaseCallbackSink
 from airflow.utils.session import create_session
 
+from airflow_heartbeat_fix._compat import scoped_session
+
 if TYPE_CHECKING:
     from airflow.callbacks.callback_requests import CallbackRequest
     from sqlalchemy.orm import Session
@@ -44,13 +46,6 @@ class SessionPreservingCallbackSink(DatabaseCallbackSink):
             return
         with create_session(scoped=False) as own_session:
             super().send(callback, session=own_session)
-
-
-def scoped_session() -> Session:
-    """The thread's scoped session: the one ``create_session()`` hands the scheduler loop."""
-    if settings.Session is None:
-        raise RuntimeError("Airflow's ORM is not configured (settings.Session is None)")
-    return settings.Session()
 
 
 def scoped_session_in_transaction() -> bool:

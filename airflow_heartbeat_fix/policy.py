@@ -1,16 +1,20 @@
 """
 ``airflow.policy`` entry point: Airflow imports this module in every process, at ``import airflow``.
 
-It must stay cheap, so it only registers an import hook: when the scheduler command module is
-imported (``airflow scheduler``), :func:`airflow_heartbeat_fix.activation.install` runs. Nothing else
-in any other Airflow process is touched.
+That happens before Airflow configures logging, so this module only registers an import hook and
+imports nothing but the standard library. When the scheduler command module is imported
+(``airflow scheduler``), :func:`airflow_heartbeat_fix.activation.install` runs. No other command is
+touched.
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
+import logging
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,15 +45,34 @@ class _ActivateAfterExec(importlib.abc.Loader):
 
 
 class SchedulerCommandHook(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; wraps the loader of :data:`TRIGGER_MODULE`."""
+    """
+    Finds nothing itself; wraps the loader that the rest of the import system finds for the trigger.
+
+    Like wrapt's post-import hooks, it asks the *whole* import system (``importlib.util.find_spec``, so
+    every other meta-path finder still applies) while a re-entry guard keeps it out of its own way.
+    """
+
+    def __init__(self) -> None:
+        self._resolving = threading.local()
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != TRIGGER_MODULE:
+        if fullname != TRIGGER_MODULE or getattr(self._resolving, "active", False):
             return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is None or spec.loader is None:
+        self._resolving.active = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._resolving.active = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            # Logging is configured by now: Airflow imports its commands after settings.initialize().
+            logging.getLogger("airflow_heartbeat_fix").warning(
+                "airflow-heartbeat-fix cannot hook %s (loader %r); the scheduler runs unpatched. "
+                "Run `airflow-heartbeat-fix scheduler` to install the fixes explicitly.",
+                fullname,
+                getattr(spec, "loader", None),
+            )
             return None
         spec.loader = _ActivateAfterExec(spec.loader)
         return spec

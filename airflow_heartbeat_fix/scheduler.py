@@ -13,19 +13,17 @@ import functools
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow._shared.observability.metrics.stats import Stats
 from airflow._shared.timezones import timezone
 from airflow.callbacks.callback_requests import EmailRequest, TaskCallbackRequest
 from airflow.exceptions import DagNotFound
 from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
 from airflow.models.taskinstance import TaskInstance as TI
-from airflow.utils.sqlalchemy import with_row_locks
 from airflow.utils.state import TaskInstanceState
 from sqlalchemy import inspect, select
 from sqlalchemy.orm.attributes import set_committed_value
 
 from airflow_heartbeat_fix import session_binding
-from airflow_heartbeat_fix.callback_sink import scoped_session
+from airflow_heartbeat_fix._compat import Stats, scoped_session, with_row_locks
 from airflow_heartbeat_fix.detection import LOCK_FIX, PURGE_FIX, SINK_FIX
 
 if TYPE_CHECKING:
@@ -330,5 +328,11 @@ def build_runner_class(
     return type(
         "HeartbeatFixSchedulerJobRunner",
         (AnnounceFixesMixin, *mixins, base),
-        {"__module__": __name__, "heartbeat_fixes": active_fixes},
+        {
+            "__module__": __name__,
+            "heartbeat_fixes": active_fixes,
+            # Log under the stock scheduler's logger name, so [logging] namespace_levels and log filters
+            # written for it keep applying.
+            "_logger_name": base._logger_name or f"{base.__module__}.{base.__name__}",
+        },
     )

@@ -1,6 +1,10 @@
 """
 Bind ``TaskInstance.set_state`` calls that pass no session to the scheduler batch's session.
 
+Backports the ``session=session`` part of upstream's sink fix (seed 003, backported to v3-4-test; the
+same call site is apache/airflow#73213). Delete once every supported Airflow passes the batch session in
+``process_executor_events`` (detection then reports the sink fix "not needed").
+
 ``process_executor_events`` calls ``ti.set_state(state)`` without a session when it cannot load a
 task instance's Dag. ``@provide_session`` then commits and closes the scheduler's scoped session,
 detaching the rest of the batch, exactly as the stock callback sink does. Upstream fixed the call site

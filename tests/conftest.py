@@ -1,16 +1,24 @@
 """
-Real Airflow, real metadata database: the fixtures the upstream tests get from ``tests_common``.
+Real Airflow, real metadata database, and stock runs that must fail where the bugs are.
 
-The database comes from ``HEARTBEAT_FIX_TEST_DB_URL`` (``scripts/test.sh`` passes a fresh SQLite file or
-PostgreSQL database per cell) and is migrated here. ``AIRFLOW__HEARTBEAT_FIX__ENABLED=False`` runs the
-suite against stock Airflow: every test marked ``fix(NAME)`` whose fix this Airflow needs must then fail
-(strict xfail), which is the recorded proof that the test catches the bug.
+The database comes from ``HEARTBEAT_FIX_TEST_DB_URL`` (the runner passes a fresh SQLite file or
+PostgreSQL database per cell) and is migrated here. Upstream's ``tests_common`` fixtures (``dag_maker``,
+``session``, ``cap_structlog``, the ``clear_db_*`` helpers) come from the real package when it is
+importable (inside Breeze) and from the stand-in in ``tests/_stand_in`` otherwise.
+
+``AIRFLOW__HEARTBEAT_FIX__ENABLED=False`` runs the suite against stock Airflow. Which tests must then
+fail is read from ``parity/expectations.toml`` (the one place that says which release has which bug),
+and each becomes a strict xfail. Before that, the file is checked against what feature detection says
+about the installed Airflow: a disagreement stops the run.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import tempfile
+from pathlib import Path
 
 _home = os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="hbfix-home-"))
 os.environ.setdefault("HEARTBEAT_FIX_TEST_DB_URL", f"sqlite:///{_home}/airflow.db")
@@ -20,10 +28,15 @@ os.environ.setdefault("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", os.path.join(_home, "dags"))
 os.makedirs(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], exist_ok=True)
 
+if importlib.util.find_spec("tests_common") is None:
+    sys.path.insert(0, str(Path(__file__).with_name("_stand_in")))
+
 import pytest  # noqa: E402
 from sqlalchemy.exc import IntegrityError  # noqa: E402
 
-pytest_plugins = ["tests.airflow_fixtures"]
+from parity.expectations import Expectations, ExpectationsError, disagreements_with_detection, load  # noqa: E402
+
+pytest_plugins = ["tests_common.pytest_plugin"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -35,35 +48,43 @@ def pytest_configure(config: pytest.Config) -> None:
     import airflow.cli.commands.scheduler_command  # noqa: F401
 
 
-def _on_postgres() -> bool:
-    return os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql")
-
-
-def pytest_report_header(config: pytest.Config) -> str:
-    db = "PostgreSQL" if _on_postgres() else "SQLite (postgres_only tests deselected: no row locks)"
-    return f"heartbeat-fix metadata database: {db}"
+def _stock_xfail(expectations: Expectations, item: pytest.Item, version: str) -> pytest.MarkDecorator | None:
+    bugs = expectations.bugs_caught(item.nodeid, version)
+    if not bugs:
+        return None
+    names = ", ".join(f"{bug.name} ({bug.title})" for bug in bugs)
+    return pytest.mark.xfail(
+        strict=True,
+        raises=(AssertionError, IntegrityError),
+        reason=f"stock Airflow {version} has {names}: this test must catch it",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    from airflow_heartbeat_fix.activation import decisions
+    from airflow import __version__ as version
+
+    from airflow_heartbeat_fix.activation import decisions, is_enabled
     from airflow_heartbeat_fix.detection import FixState
 
-    decided = decisions()
-    if not _on_postgres():
-        # Not skipped, not collected: SQLite has no row locks, and every CI run has PostgreSQL cells.
-        needs_postgres = [item for item in items if item.get_closest_marker("postgres_only")]
-        if needs_postgres:
-            config.hook.pytest_deselected(items=needs_postgres)
-            items[:] = [item for item in items if item not in needs_postgres]
+    try:
+        expectations = load()
+    except ExpectationsError as error:
+        raise pytest.UsageError(f"parity/expectations.toml: {error}") from error
+    not_needed = {fix for fix, decision in decisions().items() if decision.state is FixState.NOT_NEEDED}
+    if problems := disagreements_with_detection(expectations, version, not_needed):
+        raise pytest.UsageError(
+            "parity/expectations.toml contradicts feature detection: " + "; ".join(problems)
+        )
+    undeclared = [
+        item.nodeid
+        for item in items
+        if item.nodeid.startswith(expectations.mirrored_modules)
+        and expectations.for_node(item.nodeid) is None
+    ]
+    if undeclared:
+        raise pytest.UsageError(f"parity/expectations.toml declares no [[test]] for {', '.join(undeclared)}")
+    if is_enabled():
+        return
     for item in items:
-        for marker in item.iter_markers("fix"):
-            (fix,) = marker.args
-            # ``when=False``: this Airflow has the fix's bug, but not the failure this test observes.
-            if decided[fix].state is FixState.DISABLED and marker.kwargs.get("when", True):
-                item.add_marker(
-                    pytest.mark.xfail(
-                        strict=True,
-                        raises=(AssertionError, IntegrityError),
-                        reason=f"stock Airflow needs {fix}: this test must catch the bug",
-                    )
-                )
+        if xfail := _stock_xfail(expectations, item, version):
+            item.add_marker(xfail)

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from airflow_heartbeat_fix import activation
+import airflow_heartbeat_fix
+from airflow_heartbeat_fix import activation, provider_info
 from airflow_heartbeat_fix.detection import FixState
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 STATUS = str(Path(sys.executable).with_name("airflow-heartbeat-fix"))
 
 
-def _run(argv: list[str], *, enabled: bool, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+def _run(argv: list[str], *, enabled: bool | str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
     """
     Run an Airflow command and wait for *it* to exit, not for every process it forked.
 
@@ -88,19 +91,174 @@ def test_explicit_scheduler_wrapper_activates_once() -> None:
     assert ("airflow-heartbeat-fix: scheduler running with " + ", ".join(needed) in output) is bool(needed)
 
 
-def test_status_reports_each_fix() -> None:
-    result = _run([STATUS, "status"], enabled=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    for fix, decision in activation.decide(activation.facts(), enabled=True).items():
-        assert f"{fix}: {decision.state.value}" in result.stdout
-        assert decision.reason in result.stdout
+def _status_json(enabled: bool | str) -> tuple[int, dict[str, Any], str]:
+    result = _run([STATUS, "status", "-o", "json"], enabled=enabled, timeout=120)
+    return result.returncode, json.loads(result.stdout), result.stderr
 
 
-def test_status_with_off_switch_says_disabled() -> None:
-    result = _run([STATUS, "status"], enabled=False, timeout=120)
+def test_status_json_reports_each_fix() -> None:
+    rc, document, stderr = _status_json(True)
+    assert rc == 0, stderr
+    assert set(document) == {
+        "package_version",
+        "airflow_version",
+        "enabled",
+        "config_problem",
+        "policy_entry_point_registered",
+        "activation",
+        "ok",
+        "not_applied",
+        "fixes",
+    }
+    assert document["ok"] is True
+    assert document["policy_entry_point_registered"] is True
+    decided = activation.decide(activation.facts(), enabled=True)
+    assert [(row["fix"], row["state"], row["reason"]) for row in document["fixes"]] == [
+        (fix, d.state.value, d.reason) for fix, d in decided.items()
+    ]
+
+
+def test_status_with_off_switch_says_disabled_and_fails() -> None:
+    rc, document, stderr = _status_json(False)
+    needed = _needed_fixes()
+    assert rc == (1 if needed else 0)
+    assert document["not_applied"] == needed
+    assert all(row["state"] != FixState.ACTIVE.value for row in document["fixes"])
+    assert "runs Airflow's own classes" in document["activation"]
+    if needed:
+        assert (
+            stderr.strip()
+            == "airflow-heartbeat-fix: a scheduler started now would run without: " + ", ".join(needed)
+        )
+
+
+@pytest.mark.parametrize("value", ["maybe", "on", "yes", "off", "no"])
+def test_status_invalid_off_switch_is_one_line_and_fails_safe(value: str) -> None:
+    rc, document, stderr = _status_json(value)
+    assert rc == 0, stderr
+    assert document["not_applied"] == []
+    assert document["config_problem"] == (
+        f"[heartbeat_fix] enabled = {value!r} is not a boolean (accepted: True/False, t/f, 1/0); "
+        "the fixes stay on"
+    )
+    assert stderr.strip().splitlines() == [f"airflow-heartbeat-fix: {document['config_problem']}"]
+
+
+def test_status_table_and_usage_errors() -> None:
+    table = _run([STATUS, "status"], enabled=False, timeout=120)
+    assert "[heartbeat_fix] enabled = False" in table.stdout
+    for fix in activation.decide(activation.facts(), enabled=False):
+        assert fix in table.stdout
+    bad = _run([STATUS, "status", "-o", "xml"], enabled=True, timeout=120)
+    assert bad.returncode == 2
+    assert "Traceback" not in bad.stderr
+    unknown = _run([STATUS, "status", "--bogus"], enabled=True, timeout=120)
+    assert (unknown.returncode, unknown.stderr.splitlines()[-1]) == (
+        2,
+        "airflow-heartbeat-fix: error: unrecognized arguments: --bogus",
+    )
+    version = _run([STATUS, "--version"], enabled=True, timeout=120)
+    assert version.stdout.strip() == f"airflow-heartbeat-fix {airflow_heartbeat_fix.__version__}"
+
+
+def test_explicit_scheduler_wrapper_refuses_to_run_unfixed() -> None:
+    needed = _needed_fixes()
+    result = _run([STATUS, "scheduler", "--num-runs", "1", "--skip-serve-logs"], enabled=False)
+    if not needed:
+        assert result.returncode == 0
+        return
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "airflow-heartbeat-fix: refusing to start the scheduler without a fix this Airflow needs: "
+            + needed[0]
+        )
+    )
+    assert "Traceback" not in result.stderr
+    assert "Starting the scheduler" not in result.stdout + result.stderr
+
+
+def test_dry_run_reports_an_activation_failure_as_unsupported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What Airflow 3.0/3.1 did to the old status: an import that fails only when the fix is applied."""
+    activation.uninstall()
+    try:
+
+        def broken_apply(*args: Any) -> None:
+            raise ImportError("No module named 'airflow._shared.observability'")
+
+        monkeypatch.setattr(activation, "_apply", broken_apply)
+        decided = activation.dry_run()
+        needed = _needed_fixes()
+        assert [d.fix for d in activation.not_applied(decided)] == needed
+        for fix in needed:
+            assert decided[fix].state is FixState.UNSUPPORTED
+            assert "No module named 'airflow._shared.observability'" in decided[fix].reason
+        with pytest.raises(activation.ActivationError, match="could not be activated"):
+            activation.install(raise_errors=True)
+    finally:
+        monkeypatch.undo()
+        if activation.is_enabled():
+            activation.install()
+
+
+def test_fixed_scheduler_logs_under_the_stock_logger_name() -> None:
+    from airflow.jobs.job import Job
+
+    from airflow_heartbeat_fix.scheduler import build_runner_class
+
+    stock = activation._originals()["runner"]
+    fixed = build_runner_class(tuple(_needed_fixes()) or ("session_preserving_sink",), base=stock)
+    assert fixed is not stock
+    assert fixed(job=Job(), num_runs=1).log.name == stock(job=Job(), num_runs=1).log.name
+
+
+def test_airflow_config_list_shows_the_section() -> None:
+    result = _run(
+        [AIRFLOW, "config", "list", "--section", "heartbeat_fix", "--include-descriptions"],
+        enabled=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
-    assert "[heartbeat_fix] enabled = False" in result.stdout
-    assert ": active" not in result.stdout
+    assert "[heartbeat_fix]" in result.stdout
+    assert provider_info.ENABLED_DESCRIPTION in result.stdout
+
+
+def test_import_hook_asks_the_whole_import_system(caplog: pytest.LogCaptureFixture) -> None:
+    """Another meta-path finder's spec is the one wrapped; a spec it cannot wrap is logged, not hidden."""
+    import importlib.machinery
+
+    from airflow_heartbeat_fix import policy
+
+    commands_path = sys.modules["airflow.cli.commands"].__path__
+    real = importlib.machinery.PathFinder.find_spec(policy.TRIGGER_MODULE, commands_path)
+    assert real is not None
+
+    class OtherFinder:
+        def __init__(self, loader: Any) -> None:
+            self.loader = loader
+
+        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+            if fullname != policy.TRIGGER_MODULE:
+                return None
+            return importlib.machinery.ModuleSpec(fullname, self.loader, origin=real.origin)
+
+    hook = policy.SchedulerCommandHook()
+    other = OtherFinder(real.loader)
+    saved = sys.modules.pop(policy.TRIGGER_MODULE)
+    sys.meta_path.insert(0, other)
+    try:
+        spec = hook.find_spec(policy.TRIGGER_MODULE, None)
+        assert spec is not None
+        assert spec.loader._loader is real.loader  # type: ignore[union-attr]
+        other.loader = None
+        with caplog.at_level("WARNING", logger="airflow_heartbeat_fix"):
+            assert hook.find_spec(policy.TRIGGER_MODULE, None) is None
+        assert "cannot hook airflow.cli.commands.scheduler_command" in caplog.text
+    finally:
+        sys.meta_path.remove(other)
+        sys.modules[policy.TRIGGER_MODULE] = saved
 
 
 def test_install_is_idempotent_and_uninstall_restores() -> None:

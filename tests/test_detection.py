@@ -121,11 +121,10 @@ def test_lock_shapes():
 
 
 def test_facts_of_this_airflow_are_recognised():
-    """Every supported version has a sink that commits; only the 3.4 betas ship the converged purge."""
-    from airflow.models.taskinstance import TaskInstance
-
+    """Every supported version has the shape detection reads; which bugs it has is checked at collection
+    (tests/conftest.py compares detection with parity/expectations.toml)."""
     facts = activation.facts()
     assert facts.missing_hooks == ()
-    assert facts.sink_commits_caller_session is True
-    assert facts.purge_converges is hasattr(TaskInstance, "working_set")
+    assert facts.sink_commits_caller_session is not None
+    assert facts.purge_converges is not None
     assert facts.purge_locks_each_ti is False, "no supported release holds the row lock per task instance"

@@ -1,37 +1,25 @@
 """
-The ``airflow-heartbeat-fix`` test suite, rewritten in the idiom of Airflow's own scheduler tests.
+Scheduler tests of ``airflow-heartbeat-fix``, written as a part of Airflow's own ``test_scheduler_job.py``.
 
-Copy this file to ``airflow-core/tests/unit/jobs/test_heartbeat_fix_scheduler.py`` in an Airflow
-checkout and run it with Breeze (see ``breeze_overrides/README.md`` of ``airflow-heartbeat-fix``).
-It needs the Airflow checkout's ``tests_common`` plugin (``dag_maker``, ``session``,
-``testing_dag_bundle``, the ``tests_common.test_utils.db`` helpers) and cannot run anywhere else.
+Class, test names and parameter ids are upstream's where upstream has the test
+(``parity/expectations.toml`` records each test's upstream counterpart, or why there is none). The
+module uses only upstream's test fixtures (``dag_maker``, ``session``, ``cap_structlog``, the
+``tests_common.test_utils.db`` helpers), so it runs unchanged in two places:
 
-Every test keeps the name of the test it mirrors in this repository, so the two can be read side by
-side:
+* here, on the in-repo stand-in for ``tests_common`` (``tests/_stand_in``), against each supported
+  Airflow release and backend;
+* inside Breeze, copied into an Airflow checkout (``breeze_overrides/README.md`` says how).
 
-* ``tests/test_heartbeat_timeout_purge.py``: the converged heartbeat-timeout purge (duplicate callbacks,
-  Airflow 3.2/3.3);
-* ``tests/test_scheduler_session_paths.py``: the ``UniqueViolation`` crash paths (Airflow 3.4 betas);
-* ``tests/test_callback_sink.py``: whose session ``DatabaseCallbackSink.send`` writes to;
-* ``tests/test_upstream_paths.py``: upstream scheduler tests around the patched paths.
+The scheduler under test is ``airflow.cli.commands.scheduler_command.SchedulerJobRunner`` looked up when
+each runner is built: the fixed subclass once the package has activated (importing that module is what
+activates it, as in ``airflow scheduler``), Airflow's own class otherwise. ``DatabaseCallbackSink`` is
+looked up on its module the same way. Nothing is mocked but the workers: the executor is a real
+``LocalExecutor`` that is never started, callback requests are read back from the database.
 
-The scheduler under test is ``airflow.cli.commands.scheduler_command.SchedulerJobRunner``, looked up
-when each runner is built: with ``airflow-heartbeat-fix`` installed in the Breeze container it is the
-fixed subclass (activation happens when that module is imported), otherwise it is the checkout's own
-class. ``DatabaseCallbackSink`` is likewise looked up on its module, so the session-preserving sink is
-used when the package installed it. Nothing is mocked: the metadata database is the Breeze backend,
-callback requests are read back from the ``callback_request`` table, and the executor is a real
-``LocalExecutor`` that is never started (workers are the only thing outside the bugs).
-
-Which tests fail without the fixes (this is the point of them):
-
-* on a checkout whose purge leaves the task instance RUNNING (3.2/3.3 branches): the
-  ``test_heartbeat_timeout_*`` tests that expect one callback per try and a converged state;
-* on a checkout whose ``DatabaseCallbackSink.send`` is ``@provide_session`` and that archives tries
-  (3.4.0b1/b2): every test that retries a task after a callback (``IntegrityError``), and
-  ``test_sink_send_without_session_keeps_scoped_session_open`` on every branch with that sink.
-
-On a checkout that already has both upstream fixes everything here must pass unchanged.
+Without the fixes (``AIRFLOW__HEARTBEAT_FIX__ENABLED=False``, or a checkout without the package), the
+tests that catch a bug fail: ``parity/expectations.toml`` lists which, per release, and this
+repository's stock runs turn exactly those into strict xfails. On an Airflow that has both upstream
+fixes, everything passes with or without the package.
 """
 
 from __future__ import annotations
@@ -61,6 +49,7 @@ from airflow.utils.state import DagRunState, TaskInstanceState
 from sqlalchemy import delete, event, select, text, update
 from tests_common.test_utils.db import (
     clear_db_callbacks,
+    clear_db_dag_bundles,
     clear_db_dags,
     clear_db_jobs,
     clear_db_logs,
@@ -206,11 +195,13 @@ def _email_requests(session: Session, ti: TaskInstance) -> list[Any]:
 
 
 def _clean_db() -> None:
+    """Empty every table these tests write to, as upstream's ``_clean_db()`` does around each test."""
     clear_db_dags()
     clear_db_runs()
     clear_db_jobs()
     clear_db_callbacks()
     clear_db_logs()
+    clear_db_dag_bundles()
     # The sink stores requests as ``DbCallbackRequest`` rows; on newer branches ``clear_db_callbacks``
     # only clears the ``callback`` table of executor callbacks.
     with create_session() as session:
@@ -218,8 +209,7 @@ def _clean_db() -> None:
 
 
 @pytest.mark.need_serialized_dag
-@pytest.mark.usefixtures("testing_dag_bundle")
-class TestHeartbeatFixScheduler:
+class TestSchedulerJob:
     job_runner: Any
 
     @pytest.fixture(autouse=True)
@@ -269,12 +259,10 @@ class TestHeartbeatFixScheduler:
         session.commit()
         return found
 
-    def _schedule_until_finished(self, dag_run: DagRun, session: Session) -> None:
-        for _ in range(10):
-            self.job_runner._do_scheduling(session)
-            session.commit()
-            if session.scalar(select(DagRun.state).where(DagRun.id == dag_run.id)) != DagRunState.RUNNING:
-                return
+    def _schedule(self, session: Session) -> None:
+        """One scheduling loop pass, committed as the loop commits it."""
+        self.job_runner._do_scheduling(session)
+        session.commit()
 
     def _running_dag_with_failed_task(self, dag_maker: DagMaker, session: Session, dag_id: str) -> DagRun:
         """An unpaused Dag whose run is RUNNING and whose only task has FAILED: the run fails next loop."""
@@ -288,7 +276,7 @@ class TestHeartbeatFixScheduler:
         session.commit()
         return dag_run
 
-    # -- The converged heartbeat-timeout purge (tests/test_heartbeat_timeout_purge.py) -----------------
+    # -- The converged heartbeat-timeout purge (seed 000; duplicate callbacks on Airflow 3.2/3.3) ------
 
     @pytest.mark.parametrize("retries", [pytest.param(0, id="no_retries"), pytest.param(1, id="retryable")])
     def test_heartbeat_timeout_converges_ti_state_before_next_scan(self, dag_maker, session, retries):
@@ -322,10 +310,12 @@ class TestHeartbeatFixScheduler:
         ("retries", "try_number", "restarting", "expected"),
         [
             pytest.param(0, 1, False, TaskInstanceState.FAILED, id="no_retries"),
-            pytest.param(2, 1, False, TaskInstanceState.UP_FOR_RETRY, id="first_try_with_retries"),
-            pytest.param(2, 2, False, TaskInstanceState.UP_FOR_RETRY, id="middle_try"),
+            pytest.param(2, 1, False, TaskInstanceState.UP_FOR_RETRY, id="retries_available_first_attempt"),
+            pytest.param(2, 2, False, TaskInstanceState.UP_FOR_RETRY, id="retries_available_mid_chain"),
             pytest.param(2, 3, False, TaskInstanceState.FAILED, id="retries_exhausted"),
-            pytest.param(0, 1, True, TaskInstanceState.UP_FOR_RETRY, id="restarting"),
+            pytest.param(
+                1, 5, True, TaskInstanceState.UP_FOR_RETRY, id="restarting_stays_eligible_past_max_tries"
+            ),
         ],
     )
     def test_heartbeat_timeout_sets_callback_type_by_retry_eligibility(
@@ -478,7 +468,7 @@ class TestHeartbeatFixScheduler:
 
         assert len(_task_callbacks(session, ti, try_number=1)) == 1
 
-    # -- Paths that crashed with UniqueViolation (tests/test_scheduler_session_paths.py) ---------------
+    # -- Paths that crashed with UniqueViolation (seed 003; Airflow 3.4 betas) ------------------------
 
     def test_heartbeat_timeout_with_retries_does_not_crash_scheduler(self, dag_maker, session):
         """Any retryable task whose worker stops heartbeating: no callback needs to be configured."""
@@ -560,13 +550,13 @@ class TestHeartbeatFixScheduler:
         self._create_job_runner(session)
         dag_run = self._running_dag_with_failed_task(dag_maker, session, "do_scheduling_callbacks")
 
-        self._schedule_until_finished(dag_run, session)
+        self._schedule(session)
 
         stored = [r for r in _callback_requests(session) if isinstance(r, DagCallbackRequest)]
         assert [(r.dag_id, r.is_failure_callback) for r in stored] == [(dag_run.dag_id, True)]
         assert session.scalar(select(DagRun.state).where(DagRun.id == dag_run.id)) == DagRunState.FAILED
 
-    # -- The callback sink itself (tests/test_callback_sink.py) --------------------------------------
+    # -- The callback sink itself (seed 003) ----------------------------------------------------------
 
     @staticmethod
     def _dag_request(dag_id: str = "sink_dag") -> DagCallbackRequest:
@@ -607,7 +597,7 @@ class TestHeartbeatFixScheduler:
         assert [row.get_callback_request().dag_id for row in stored] == ["committed_by_caller"]
         assert stored[0].priority_weight == 1
 
-    # -- Upstream scheduler tests around the patched paths, on the real sink (tests/test_upstream_paths.py)
+    # -- Upstream scheduler tests around the patched paths, on the real sink and database ----------
 
     def test_find_and_purge_task_instances_without_heartbeats(self, dag_maker, session):
         self._create_job_runner(session)
@@ -728,7 +718,7 @@ class TestHeartbeatFixScheduler:
         with mock.patch.object(
             self.job_runner, "_send_dag_callbacks_to_processor", side_effect=record_committed_state
         ):
-            self._schedule_until_finished(dag_run, session)
+            self._schedule(session)
 
         assert seen_by_others == [DagRunState.FAILED]
 
@@ -751,7 +741,7 @@ class TestHeartbeatFixScheduler:
         )
         session.commit()
 
-        self._schedule_until_finished(dag_run, session)
+        self._schedule(session)
 
         stored = [r for r in _callback_requests(session) if isinstance(r, DagCallbackRequest)]
         assert [(r.dag_id, r.run_id, r.is_failure_callback, r.msg) for r in stored] == [

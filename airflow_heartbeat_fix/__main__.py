@@ -1,0 +1,3 @@
+from airflow_heartbeat_fix.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""
+``apache_airflow_provider`` entry point: declares ``[heartbeat_fix]`` to Airflow.
+
+With it, ``airflow config list`` shows the section with its descriptions and defaults, and
+``airflow providers list`` shows the package. Nothing else is registered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_heartbeat_fix import __version__
+
+ENABLED_DESCRIPTION = (
+    "Run the scheduler with the fixes this Airflow needs (checked at scheduler start; see "
+    "`airflow-heartbeat-fix status`). False runs Airflow's own classes. A value that is not a boolean "
+    "is logged and treated as True, so a typo never silently removes a fix."
+)
+
+
+def get_provider_info() -> dict[str, Any]:
+    return {
+        "package-name": "airflow-heartbeat-fix",
+        "name": "Airflow heartbeat fix",
+        "description": "Drop-in fixes for Airflow 3.x scheduler bugs around heartbeat-timeout callbacks.",
+        "versions": [__version__],
+        "config": {
+            "heartbeat_fix": {
+                "description": "airflow-heartbeat-fix: scheduler fixes installed through pip.",
+                "options": {
+                    "enabled": {
+                        "description": ENABLED_DESCRIPTION,
+                        "version_added": "0.1.0",
+                        "type": "boolean",
+                        "example": "False",
+                        "default": "True",
+                    },
+                },
+            },
+        },
+    }

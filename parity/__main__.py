@@ -1,0 +1,101 @@
+"""
+python -m parity --results DIR [--out parity/REPORT.md] [--json PATH] [--tested COMMIT] [--expectations TOML]
+
+Reads every ``<version>-<db>-<mode>.xml`` junit file under DIR (subfolders too), checks each declared
+test in each cell against ``parity/expectations.toml``, writes REPORT.md (and the JSON if asked).
+Exit status: 0 every cell as declared, 1 any difference (listed), 2 invalid expectations or no results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from parity import expectations as expectations_module
+from parity.check import Cell, Result, build_report, parse_junit
+from parity.render import as_json, markdown, summary
+
+HERE = Path(__file__).resolve().parent
+
+
+def read_results(
+    results_dir: Path,
+) -> tuple[dict[Cell, dict[str, Result]], dict[Cell, str], list[str]]:
+    """Per cell its parsed test cases; cells whose XML is unreadable, and why; junit start timestamps."""
+    results: dict[Cell, dict[str, Result]] = {}
+    unusable: dict[Cell, str] = {}
+    stamps: list[str] = []
+    for path in sorted(results_dir.glob("**/*.xml")):
+        cell = Cell.from_name(path.stem)
+        if cell is None:
+            continue
+        try:
+            root = ET.parse(path).getroot()
+        except ET.ParseError as e:
+            unusable[cell] = f"{path} is not valid XML: {e}"
+            continue
+        for node, result in parse_junit(root).items():  # a cell split over several files: merged
+            results.setdefault(cell, {})[node] = result
+        stamps += [suite.get("timestamp", "") for suite in root.iter("testsuite")]
+    return results, unusable, sorted(filter(None, stamps))
+
+
+def checkout_commit() -> str:
+    """This checkout's commit: the best guess of what was tested when --tested is not given."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip() + " (this checkout; not given with --tested)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m parity", description=(__doc__ or "").split("\n\n")[1])
+    parser.add_argument("--results", type=Path, required=True, help="directory with the cells' junit XML")
+    parser.add_argument("--out", type=Path, default=HERE / "REPORT.md")
+    parser.add_argument("--json", type=Path, help="also write the report as JSON here")
+    parser.add_argument("--tested", help="the commit the results come from")
+    parser.add_argument("--expectations", type=Path, default=expectations_module.DEFAULT_PATH)
+    args = parser.parse_args(argv)
+
+    try:
+        expectations = expectations_module.load(args.expectations)
+    except (OSError, ValueError) as e:  # ValueError: ExpectationsError and tomllib.TOMLDecodeError
+        print(f"parity: invalid expectations {args.expectations}: {e}", file=sys.stderr)
+        return 2
+    results, unusable, stamps = read_results(args.results)
+    if not results and not unusable:
+        print(f"parity: no <version>-<db>-<mode>.xml junit results under {args.results}", file=sys.stderr)
+        return 2
+
+    report = build_report(expectations, results, unusable)
+    provenance = {"Tested commit": args.tested or checkout_commit()}
+    if stamps:
+        provenance["Cells ran"] = f"{stamps[0]} to {stamps[-1]} (junit start timestamps)"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(markdown(report, expectations, provenance), encoding="utf-8")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(as_json(report, provenance), indent=2) + "\n", encoding="utf-8")
+
+    print(f"parity: {summary(report)}; wrote {args.out}")
+    for line in report.differences():
+        print(f"parity: DIFFERS: {line}", file=sys.stderr)
+    if not report.ok:
+        print(f"parity: {len(report.differences())} difference(s) from the declaration", file=sys.stderr)
+        return 1
+    print("parity: every cell as declared")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

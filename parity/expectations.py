@@ -1,0 +1,256 @@
+"""
+Load ``parity/expectations.toml``: which Airflow release carries which bug, and which test catches it.
+
+The file is the one place these facts are written; the test suite derives its stock-mode strict
+xfails from it and the parity report checks every cell against it. Standard library only, so the
+report can read it without Airflow installed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from airflow_heartbeat_fix.detection import FIXES
+
+DEFAULT_PATH = Path(__file__).with_name("expectations.toml")
+
+#: Keys a ``not_applicable`` entry may narrow by; an absent key means "every value".
+_NOT_APPLICABLE_KEYS = ("versions", "dbs", "modes")
+_TEST_KEYS = frozenset({"node", "upstream", "upstream_note", "source", "catches", "not_applicable"})
+
+
+class ExpectationsError(ValueError):
+    """``expectations.toml`` contradicts itself or the schema."""
+
+
+@dataclass(frozen=True)
+class Bug:
+    name: str
+    fix: str
+    title: str
+    versions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    title: str
+    ref: str
+
+
+@dataclass(frozen=True)
+class NotApplicable:
+    versions: tuple[str, ...] | None
+    dbs: tuple[str, ...] | None
+    modes: tuple[str, ...] | None
+    reason: str
+
+    def covers(self, version: str, db: str, mode: str) -> bool:
+        return all(
+            allowed is None or value in allowed
+            for allowed, value in ((self.versions, version), (self.dbs, db), (self.modes, mode))
+        )
+
+
+@dataclass(frozen=True)
+class TestExpectation:
+    __test__ = False  # not a pytest test class, whatever its name
+
+    node: str
+    upstream: str
+    upstream_note: str
+    source: str
+    catches: tuple[str, ...]
+    not_applicable: tuple[NotApplicable, ...]
+
+
+@dataclass(frozen=True)
+class Expectations:
+    mirrored_modules: tuple[str, ...]
+    versions: tuple[str, ...]
+    dbs: tuple[str, ...]
+    modes: tuple[str, ...]
+    bugs: dict[str, Bug]
+    sources: dict[str, Source]
+    tests: dict[str, TestExpectation]
+
+    def for_node(self, nodeid: str) -> TestExpectation | None:
+        """The entry for ``nodeid``: its parametrized entry, if any, already merged over its base entry."""
+        if nodeid in self.tests:
+            return self.tests[nodeid]
+        return self.tests.get(base_node(nodeid))
+
+    def bugs_caught(self, nodeid: str, version: str) -> tuple[Bug, ...]:
+        """The bugs ``nodeid`` catches that stock Airflow ``version`` has: non-empty means "fails stock"."""
+        entry = self.for_node(nodeid)
+        if entry is None:
+            return ()
+        return tuple(self.bugs[name] for name in entry.catches if version in self.bugs[name].versions)
+
+    def not_applicable(self, nodeid: str, version: str, db: str, mode: str) -> str | None:
+        """Why ``nodeid`` does not run in that cell, or ``None`` if it does."""
+        entry = self.for_node(nodeid)
+        if entry is None:
+            return None
+        return next((na.reason for na in entry.not_applicable if na.covers(version, db, mode)), None)
+
+
+def disagreements_with_detection(
+    expectations: Expectations, version: str, not_needed: set[str] | frozenset[str]
+) -> list[str]:
+    """Where the file and feature detection disagree about Airflow ``version``; empty if nowhere.
+
+    ``not_needed``: the fixes detection reports as "not needed" on that Airflow. A release listed under
+    a bug must need that bug's fix; a release listed under no bug of a fix must not.
+    """
+    if version not in expectations.versions:
+        return [f"Airflow {version} is not in [matrix].versions {list(expectations.versions)}"]
+    problems = []
+    for fix in sorted({bug.fix for bug in expectations.bugs.values()}):
+        present = [b.name for b in expectations.bugs.values() if b.fix == fix and version in b.versions]
+        if present and fix in not_needed:
+            problems.append(
+                f"it lists {present} on Airflow {version}, but detection says {fix} is not needed"
+            )
+        if not present and fix not in not_needed:
+            problems.append(f"it lists no bug of {fix} on Airflow {version}, but detection says it is needed")
+    return problems
+
+
+def base_node(nodeid: str) -> str:
+    """``nodeid`` without its parameter id: ``a.py::T::test[x-y]`` -> ``a.py::T::test``."""
+    return nodeid.split("[", 1)[0]
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ExpectationsError(f"{where}: expected a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _not_applicable(raw: Any, where: str, matrix: dict[str, tuple[str, ...]]) -> NotApplicable:
+    if not isinstance(raw, dict) or not isinstance(raw.get("reason"), str) or not raw["reason"]:
+        raise ExpectationsError(f"{where}: not_applicable entries need a non-empty reason")
+    unknown_keys = set(raw) - {*_NOT_APPLICABLE_KEYS, "reason"}
+    if unknown_keys:
+        raise ExpectationsError(f"{where}: unknown not_applicable keys {sorted(unknown_keys)}")
+    narrowed: dict[str, tuple[str, ...] | None] = {}
+    for key in _NOT_APPLICABLE_KEYS:
+        values = _strings(raw[key], f"{where}.{key}") if key in raw else None
+        if values is not None and (unknown := set(values) - set(matrix[key])):
+            raise ExpectationsError(f"{where}.{key}: {sorted(unknown)} not in [matrix].{key}")
+        narrowed[key] = values
+    return NotApplicable(reason=raw["reason"], **narrowed)
+
+
+def _bug(name: str, raw: Any, versions: tuple[str, ...]) -> Bug:
+    where = f"[bugs.{name}]"
+    if not isinstance(raw, dict) or not all(isinstance(raw.get(key), str) for key in ("fix", "title")):
+        raise ExpectationsError(f"{where}: needs string fields fix and title")
+    if raw["fix"] not in FIXES:
+        raise ExpectationsError(f"{where}.fix: {raw['fix']!r} is not one of the package's fixes {FIXES}")
+    bug_versions = _strings(raw.get("versions"), f"{where}.versions")
+    if unknown := set(bug_versions) - set(versions):
+        raise ExpectationsError(f"{where}.versions: {sorted(unknown)} not in [matrix].versions")
+    return Bug(name=name, fix=raw["fix"], title=raw["title"], versions=bug_versions)
+
+
+def _tests(
+    raw_tests: Any, bugs: dict[str, Bug], sources: dict[str, Source], matrix: dict[str, tuple[str, ...]]
+) -> dict[str, TestExpectation]:
+    """Every ``[[test]]``; a parametrized entry inherits the fields it does not set from its base entry."""
+    if not isinstance(raw_tests, list):
+        raise ExpectationsError("[[test]] must be an array of tables")
+    raw_by_node: dict[str, dict[str, Any]] = {}
+    for raw in raw_tests:
+        node = raw.get("node") if isinstance(raw, dict) else None
+        if not isinstance(node, str) or "::" not in node:
+            raise ExpectationsError(f"[[test]] without a valid node id: {raw!r}")
+        if node in raw_by_node:
+            raise ExpectationsError(f"{node}: declared twice")
+        raw_by_node[node] = raw
+
+    tests: dict[str, TestExpectation] = {}
+    for node, raw in raw_by_node.items():
+        base = base_node(node)
+        if base != node and base not in raw_by_node:
+            raise ExpectationsError(f"{node}: a parametrized entry needs an entry for {base}")
+        merged = {**raw_by_node[base], **raw} if base != node else raw
+        if unknown_keys := set(merged) - _TEST_KEYS:
+            raise ExpectationsError(f"{node}: unknown keys {sorted(unknown_keys)}")
+        upstream, note = merged.get("upstream"), merged.get("upstream_note", "")
+        if not isinstance(upstream, str) or not isinstance(note, str):
+            raise ExpectationsError(f'{node}: upstream ("" if none) and upstream_note must be strings')
+        if not upstream and not note:
+            raise ExpectationsError(f"{node}: upstream is empty, so upstream_note must say why")
+        if merged.get("source") not in sources:
+            raise ExpectationsError(f"{node}: unknown source {merged.get('source')!r}")
+        catches = _strings(merged.get("catches"), f"{node}.catches")
+        if unknown := [name for name in catches if name not in bugs]:
+            raise ExpectationsError(f"{node}: catches unknown bugs {unknown}")
+        raw_na = merged.get("not_applicable", [])
+        if not isinstance(raw_na, list):
+            raise ExpectationsError(f"{node}.not_applicable: expected a list")
+        tests[node] = TestExpectation(
+            node=node,
+            upstream=upstream,
+            upstream_note=note,
+            source=merged["source"],
+            catches=catches,
+            not_applicable=tuple(_not_applicable(na, f"{node}.not_applicable", matrix) for na in raw_na),
+        )
+    return tests
+
+
+def parse(data: dict[str, Any]) -> Expectations:
+    """Validate the parsed TOML and build :class:`Expectations` from it."""
+    raw_matrix = data.get("matrix")
+    if not isinstance(raw_matrix, dict):
+        raise ExpectationsError("[matrix] is missing")
+    matrix = {key: _strings(raw_matrix.get(key), f"[matrix].{key}") for key in _NOT_APPLICABLE_KEYS}
+    raw_bugs, raw_sources = data.get("bugs", {}), data.get("sources", {})
+    if not isinstance(raw_bugs, dict) or not isinstance(raw_sources, dict):
+        raise ExpectationsError("[bugs] and [sources] must be tables")
+    bugs = {name: _bug(name, raw, matrix["versions"]) for name, raw in raw_bugs.items()}
+    sources: dict[str, Source] = {}
+    for name, raw in raw_sources.items():
+        if not isinstance(raw, dict) or not all(isinstance(raw.get(key), str) for key in ("title", "ref")):
+            raise ExpectationsError(f"[sources.{name}]: needs string fields title and ref")
+        sources[name] = Source(name=name, title=raw["title"], ref=raw["ref"])
+    return Expectations(
+        mirrored_modules=_strings(data.get("mirrored_modules", []), "mirrored_modules"),
+        versions=matrix["versions"],
+        dbs=matrix["dbs"],
+        modes=matrix["modes"],
+        bugs=bugs,
+        sources=sources,
+        tests=_tests(data.get("test", []), bugs, sources, matrix),
+    )
+
+
+def load(path: Path = DEFAULT_PATH) -> Expectations:
+    """Read and validate ``path``; raises :class:`ExpectationsError` on any inconsistency."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise ExpectationsError(f"{path}: {error}") from error
+    return parse(data)
+
+
+__all__ = [
+    "DEFAULT_PATH",
+    "Bug",
+    "Expectations",
+    "ExpectationsError",
+    "NotApplicable",
+    "Source",
+    "TestExpectation",
+    "base_node",
+    "disagreements_with_detection",
+    "load",
+    "parse",
+]

@@ -83,6 +83,16 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
     runs both in one ``create_session()``, so the locks and the task instances share one transaction.
     """
 
+    #: Dags already looked up in the current pass, keyed by what ``get_dag_for_run`` reads of a run.
+    _dags_this_pass: dict[tuple[Any, ...], Any] | None = None
+
+    def _find_and_purge_task_instances_without_heartbeats(self) -> None:
+        self._dags_this_pass = {}
+        try:
+            super()._find_and_purge_task_instances_without_heartbeats()
+        finally:
+            self._dags_this_pass = None
+
     def _find_task_instances_without_heartbeats(self, *, session: Session) -> list[TI]:
         found = super()._find_task_instances_without_heartbeats(session=session)
         if not found:
@@ -147,7 +157,7 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
     def _load_task(self, ti: TI, *, session: Session) -> Any:
         """The serialized task, or ``None`` (the task instance is still failed, without task context)."""
         try:
-            dag = self.scheduler_dag_bag.get_dag_for_run(dag_run=ti.dag_run, session=session)
+            dag = self._dag_for_run(ti.dag_run, session=session)
             if not dag:
                 raise DagNotFound(f"DAG '{ti.dag_id}' not found in serialized_dag table")
             return dag.get_task(ti.task_id)
@@ -158,6 +168,24 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
                 ti,
             )
             return None
+
+    def _dag_for_run(self, dag_run: Any, *, session: Session) -> Any:
+        """
+        ``get_dag_for_run``, looked up once per Dag version in a purge pass instead of once per task
+        instance (each lookup of a run without a bundle version queries the latest ``dag_version``).
+
+        The key is what ``get_dag_for_run`` reads of the run (3.2 to 3.4); the memo lives for one
+        ``_find_and_purge_task_instances_without_heartbeats`` call, as a scheduler loop resolves a
+        version once per pass. Outside a pass (a direct purge call) every lookup goes to the Dag bag.
+        """
+        if self._dags_this_pass is None:
+            return self.scheduler_dag_bag.get_dag_for_run(dag_run=dag_run, session=session)
+        key = (dag_run.dag_id, dag_run.bundle_version, dag_run.created_dag_version_id)
+        if key not in self._dags_this_pass:
+            self._dags_this_pass[key] = self.scheduler_dag_bag.get_dag_for_run(
+                dag_run=dag_run, session=session
+            )
+        return self._dags_this_pass[key]
 
 
 def _has_email_alerts(task: Any) -> bool:

@@ -262,12 +262,14 @@ class LockedPurgeRevalidationMixin(SchedulerJobRunner):
     def _purge_task_instances_without_heartbeats(
         self, task_instances_without_heartbeats: list[TI], *, session: Session
     ) -> None:
+        locks_rows = _locks_rows(session)
         for ti in task_instances_without_heartbeats:
             if not self._lock_if_still_without_heartbeat(ti, session=session):
                 continue
             self._ti_revalidated_under_lock = ti.id
             try:
-                super()._purge_task_instances_without_heartbeats([ti], session=session)
+                with _refresh_served_by_row_lock(ti) if locks_rows else contextlib.nullcontext():
+                    super()._purge_task_instances_without_heartbeats([ti], session=session)
             finally:
                 self._ti_revalidated_under_lock = None
 
@@ -292,6 +294,33 @@ class LockedPurgeRevalidationMixin(SchedulerJobRunner):
         if row is not None:
             _load_row_into(ti, row)
         return True
+
+
+def _locks_rows(session: Session) -> bool:
+    """Whether ``with_row_locks`` really locks on this database (not SQLite, MariaDB, MySQL < 8)."""
+    return " FOR UPDATE" in str(
+        with_row_locks(select(TI.id), of=TI, session=session).compile(session.get_bind())
+    )
+
+
+@contextlib.contextmanager
+def _refresh_served_by_row_lock(ti: TI) -> Iterator[None]:
+    """
+    While ``ti``'s row is locked by this transaction and was just read under that lock, make its
+    ``refresh_from_db`` a no-op: no other transaction can change the row before this one commits, so a
+    re-read returns what was read. The purge re-reads twice per task instance (upstream's or the
+    backport's re-check, then ``handle_failure``'s own refresh); each is a statement per task instance.
+    Only the instance's own attribute is set, and removed afterwards, so the class's method comes back.
+    """
+    vars(ti)["refresh_from_db"] = _already_fresh
+    try:
+        yield
+    finally:
+        vars(ti).pop("refresh_from_db", None)
+
+
+def _already_fresh(*args: Any, **kwargs: Any) -> None:
+    """``refresh_from_db`` of a task instance whose row this transaction read under its lock."""
 
 
 def changed_since_scan(

@@ -297,10 +297,9 @@ class LockedPurgeRevalidationMixin(SchedulerJobRunner):
 
 
 def _locks_rows(session: Session) -> bool:
-    """Whether ``with_row_locks`` really locks on this database (not SQLite, MariaDB, MySQL < 8)."""
-    return " FOR UPDATE" in str(
-        with_row_locks(select(TI.id), of=TI, session=session).compile(session.get_bind())
-    )
+    """Whether ``with_row_locks`` really locks on this database (not SQLite, MariaDB, MySQL < 8, or off)."""
+    query = select(TI.id)
+    return with_row_locks(query, of=TI, session=session) is not query
 
 
 @contextlib.contextmanager
@@ -312,11 +311,11 @@ def _refresh_served_by_row_lock(ti: TI) -> Iterator[None]:
     backport's re-check, then ``handle_failure``'s own refresh); each is a statement per task instance.
     Only the instance's own attribute is set, and removed afterwards, so the class's method comes back.
     """
-    vars(ti)["refresh_from_db"] = _already_fresh
+    ti.__dict__["refresh_from_db"] = _already_fresh
     try:
         yield
     finally:
-        vars(ti).pop("refresh_from_db", None)
+        ti.__dict__.pop("refresh_from_db", None)
 
 
 def _already_fresh(*args: Any, **kwargs: Any) -> None:

@@ -1,1 +1,1 @@
-"""Benchmark commands of airflow-heartbeat-fix (``python -m benchmarks.<name>``); not part of the package."""
+"""Benchmarks run from the repository root with an Airflow venv's Python (``python -m benchmarks.<name>``)."""

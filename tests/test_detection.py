@@ -127,4 +127,4 @@ def test_facts_of_this_airflow_are_recognised():
     assert facts.missing_hooks == ()
     assert facts.sink_commits_caller_session is not None
     assert facts.purge_converges is not None
-    assert facts.purge_locks_each_ti is False, "no supported release holds the row lock per task instance"
+    assert facts.purge_locks_each_ti is not None

@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 DAG_FILE = __file__
 BUNDLE_NAME = "heartbeat_fix_bench"
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)
-#: How long ago a hung worker last heartbeated: far past the default 300 s timeout.
-STALE_FOR = timedelta(hours=1)
 #: Task instances per Dag run when N are asked for (N // this runs, each with this many tasks).
 TASKS_PER_RUN = 50
 
@@ -96,21 +94,15 @@ def _models_to_clear() -> list[Any]:
 
 
 def scheduler_runner(session: Session) -> Any:
-    """The runner ``airflow scheduler`` would build, with a real, never started ``LocalExecutor``."""
-    from airflow.callbacks import database_callback_sink
-    from airflow.executors.local_executor import LocalExecutor
-    from airflow.jobs.job import Job
+    """The runner ``airflow scheduler`` would build (the reliability tests' harness builds it)."""
+    return harness().new_runner(session)
 
-    job = Job()
-    session.add(job)
-    session.flush()
-    runner = become_scheduler()(job=job, num_runs=1, executors=[LocalExecutor()])
-    sink = database_callback_sink.DatabaseCallbackSink()
-    for executor in runner.executors:
-        executor.job_id = job.id
-        executor.callback_sink = sink
-    session.commit()
-    return runner
+
+def harness() -> Any:
+    """``tests/purge_race_harness.py``: the one definition of a wired runner and of a hung worker's row."""
+    from tests import purge_race_harness
+
+    return purge_race_harness
 
 
 def _noop_callback(context: Any) -> None:
@@ -189,42 +181,21 @@ def create_runs(serialized_dag: Any, runs: int, session: Session) -> list[str]:
     return run_ids
 
 
-def set_task_instances(
-    dag_id: str, session: Session, *, state: str, job_id: int | None = None, heartbeat_age: timedelta
-) -> int:
-    """Put every task instance of ``dag_id`` in ``state`` (try 1), heartbeating ``heartbeat_age`` ago."""
+def task_instances(dag_id: str, session: Session) -> list[Any]:
     from airflow.models.taskinstance import TaskInstance as TI
-    from sqlalchemy import update
+    from sqlalchemy import select
 
-    now = datetime.now(tz=timezone.utc)
-    result = session.execute(
-        update(TI)
-        .where(TI.dag_id == dag_id)
-        .values(
-            state=state,
-            try_number=1,
-            queued_by_job_id=job_id,
-            start_date=now - heartbeat_age - timedelta(seconds=10),
-            last_heartbeat_at=now - heartbeat_age,
-            hostname="hung-worker",
-        )
-    )
-    session.commit()
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    return list(session.scalars(select(TI).where(TI.dag_id == dag_id)))
 
 
 def stale_task_instances(
     runner: Any, n: int, session: Session, *, retries: int = 0, dag_id: str = "bench_purge"
 ) -> int:
     """
-    ``n`` task instances queued by ``runner``'s job, RUNNING, last heartbeat long ago: what the next
+    ``n`` task instances as hung workers leave them, queued by ``runner``'s job: what the next
     heartbeat-timeout scan finds. ``n`` is rounded up to whole runs of :data:`TASKS_PER_RUN` tasks.
     """
-    from airflow.utils.state import TaskInstanceState
-
     tasks = min(n, TASKS_PER_RUN)
     dag = store_dag(DagShape(dag_id, tasks, retries), session)
     create_runs(dag, -(-n // tasks), session)
-    return set_task_instances(
-        dag_id, session, state=TaskInstanceState.RUNNING, job_id=runner.job.id, heartbeat_age=STALE_FOR
-    )
+    return len(harness().make_stale(task_instances(dag_id, session), runner, session))

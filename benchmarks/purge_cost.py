@@ -33,7 +33,7 @@ import tracemalloc
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -173,6 +173,14 @@ def _scheduling_loop(runner: Any) -> None:
     runner._find_and_purge_task_instances_without_heartbeats()
 
 
+def _set_columns(dag_id: str, session: Session, **values: Any) -> None:
+    from airflow.models.taskinstance import TaskInstance as TI
+    from sqlalchemy import update
+
+    session.execute(update(TI).where(TI.dag_id == dag_id).values(**values))
+    session.commit()
+
+
 def _unpause(dag_id: str, session: Session) -> None:
     from airflow.models.dag import DagModel
     from sqlalchemy import update
@@ -183,19 +191,14 @@ def _unpause(dag_id: str, session: Session) -> None:
 
 def measure_idle() -> dict[str, Any]:
     from airflow.utils.session import create_session
-    from airflow.utils.state import TaskInstanceState
 
     with create_session() as session:
         runner = _setup.scheduler_runner(session)
         dag = _setup.store_dag(_setup.DagShape("bench_idle", 1), session)
         _setup.create_runs(dag, IDLE_RUNS, session)
-        _setup.set_task_instances(
-            "bench_idle",
-            session,
-            state=TaskInstanceState.RUNNING,
-            job_id=runner.job.id,
-            heartbeat_age=timedelta(0),
-        )
+        running = _setup.task_instances("bench_idle", session)
+        _setup.harness().make_stale(running, runner, session)
+        _set_columns("bench_idle", session, last_heartbeat_at=datetime.now(tz=timezone.utc))
         _unpause("bench_idle", session)
     for _ in range(2):  # warm caches (Dag bag, compiled statements) before counting
         _scheduling_loop(runner)
@@ -224,9 +227,7 @@ def measure_storm() -> dict[str, Any]:
         runner = _setup.scheduler_runner(session)
         dag = _setup.store_dag(_setup.DagShape("bench_storm", 1), session)
         _setup.create_runs(dag, STORM_RUNS, session)
-        _setup.set_task_instances(
-            "bench_storm", session, state=TaskInstanceState.FAILED, heartbeat_age=timedelta(0)
-        )
+        _set_columns("bench_storm", session, state=TaskInstanceState.FAILED)
         _unpause("bench_storm", session)
     counter = StatementCounter()
     loops, error = 0, None
@@ -546,6 +547,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc runs")
     parser.add_argument("--airflow", help="releases to run, each in .venvs/airflow-<v> (e.g. 3.2.2,3.4.0b2)")
     parser.add_argument("--json", dest="json_out", help="also write the results as JSON to this file")
+    parser.add_argument("--tables-from", help="only print the tables of earlier --json files (a,b,...)")
     parser.add_argument(
         "--smoke", action="store_true", help=f"N={SMOKE_N}, 1 repeat; fails only on wrong results"
     )
@@ -603,14 +605,18 @@ def main(argv: list[str] | None = None) -> int:
         run_child(args)
         return 0
     args.scenarios = [] if args.scenarios == "none" else args.scenarios.split(",")
-    if args.airflow:
+    if args.tables_from:
+        reports = [
+            report for name in args.tables_from.split(",") for report in json.loads(Path(name).read_text())
+        ]
+    elif args.airflow:
         reports = _with_venvs(args, argv)
     else:
         reports = [measure_version(args)]
         if args.emit_json:
             print(RESULT_PREFIX + json.dumps(reports[0]), flush=True)
             return 0
-    if args.json_out:
+    if args.json_out and not args.tables_from:
         Path(args.json_out).write_text(json.dumps(reports, indent=2))
     print_tables(reports)
     if args.smoke and (failures := smoke_failures(reports)):

@@ -485,7 +485,7 @@ def loop_table(versions: list[dict[str, Any]]) -> str:
             )
             if what == "idle":
                 label = f"idle, per loop ({IDLE_RUNS} running runs)"
-                notes = "same statements" if stock["kinds"] == fixed["kinds"] else "statements DIFFER"
+                notes = _kinds_difference(stock["kinds"], fixed["kinds"], IDLE_LOOPS)
             else:
                 label = f"Dag-callback storm ({STORM_RUNS} runs)"
                 notes = "; ".join(
@@ -498,6 +498,16 @@ def loop_table(versions: list[dict[str, Any]]) -> str:
                 f"| {fixed['statements']:g} | {_wall(stock)} | {_wall(fixed)} | {ratio} | {notes} |"
             )
     return "\n".join(lines)
+
+
+def _kinds_difference(stock: dict[str, int], fixed: dict[str, int], loops: int) -> str:
+    """Which statements fixed sends more (+) or fewer (-) than stock over ``loops`` loops."""
+    difference = Counter(fixed)
+    difference.subtract(stock)
+    changed = sorted((kind, count) for kind, count in difference.items() if count)
+    if not changed:
+        return "same statements"
+    return f"fixed vs stock over {loops} loops: " + ", ".join(f"{kind} {count:+d}" for kind, count in changed)
 
 
 def _wall(summary: dict[str, Any]) -> str:

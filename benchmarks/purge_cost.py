@@ -1,0 +1,639 @@
+"""
+What the heartbeat-timeout purge costs, stock vs fixed: ``python -m benchmarks.purge_cost``.
+
+Run with an Airflow venv's interpreter (``.venvs/airflow-<v>/bin/python -m benchmarks.purge_cost``), or
+with ``--airflow 3.2.2,3.4.0b2`` from any Python to run each release's venv and print one table. Every
+measurement is a fresh process (fixes on or off through ``AIRFLOW__HEARTBEAT_FIX__ENABLED``), stock and
+fixed interleaved, on a database migrated once per release:
+
+* purge: one ``_find_and_purge_task_instances_without_heartbeats`` pass over N stale task instances:
+  wall (median/min/max over repeats), statements per task instance (SQLAlchemy ``before_cursor_execute``),
+  commits per pass, peak Python memory of the pass (tracemalloc, in a run of its own), and whether every
+  task instance left RUNNING with exactly one task callback;
+* idle: the scheduler loop's ``_do_scheduling`` plus heartbeat check over 100 running Dag runs that
+  have no timeouts: statements and wall per loop;
+* storm: 200 Dag runs failing at once with a Dag ``on_failure_callback``: loops until all are failed,
+  statements, wall, Dag callbacks stored.
+
+Statement counts are exact; walls depend on the machine's load. ``--smoke`` (N = 20, one repeat) fails
+only when the fixed purge does not converge every task instance with exactly one callback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from benchmarks import _setup
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from sqlalchemy.orm import Session
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULT_PREFIX = "BENCH-RESULT "
+MODES = ("stock", "fixed")
+#: The purge every other is compared with: upstream's converged purge, stock, retries 0.
+ANCHOR_VERSION = "3.4.0b2"
+IDLE_RUNS = 100
+IDLE_LOOPS = 20
+STORM_RUNS = 200
+SMOKE_N = 20
+
+# -- counting statements -------------------------------------------------------------------------------
+
+_KIND = re.compile(r"^\s*(SELECT|INSERT INTO|UPDATE|DELETE FROM|WITH)\b\s*(\S*)", re.IGNORECASE)
+_LOCK = re.compile(r"\bFOR (NO KEY )?(UPDATE|SHARE)\b", re.IGNORECASE)
+_FROM = re.compile(r"\bFROM\s+([\w.\"]+)", re.IGNORECASE)
+
+
+def statement_kind(sql: str) -> str:
+    """A short label for a statement: its verb and main table, and whether it locks rows."""
+    match = _KIND.match(sql)
+    if not match:
+        return sql.split(None, 1)[0].upper() if sql.strip() else "?"
+    verb = match.group(1).upper()
+    if verb in {"SELECT", "WITH"}:
+        tables = _FROM.search(sql)
+        table = tables.group(1) if tables else "-"
+        lock = " FOR UPDATE" if _LOCK.search(sql) else ""
+        return f"SELECT {table.strip(chr(34))}{lock}"
+    return f"{verb.split()[0]} {match.group(2).strip(chr(34)).split('(')[0]}"
+
+
+@dataclass
+class StatementCounter:
+    statements: int = 0
+    commits: int = 0
+    kinds: Counter[str] = field(default_factory=Counter)
+
+    @contextmanager
+    def counting(self) -> Iterator[StatementCounter]:
+        from airflow import settings
+        from sqlalchemy import event
+
+        engine = settings.engine
+
+        def on_statement(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            self.statements += 1
+            self.kinds[statement_kind(statement)] += 1
+
+        def on_commit(conn: Any) -> None:
+            self.commits += 1
+
+        event.listen(engine, "before_cursor_execute", on_statement)
+        event.listen(engine, "commit", on_commit)
+        try:
+            yield self
+        finally:
+            event.remove(engine, "before_cursor_execute", on_statement)
+            event.remove(engine, "commit", on_commit)
+
+
+# -- one measurement per process -----------------------------------------------------------------------
+
+
+def _task_callbacks_per_try(session: Session, dag_id: str) -> Counter[tuple[str, str, int]]:
+    from airflow.models.db_callback_request import DbCallbackRequest
+    from sqlalchemy import select
+
+    counts: Counter[tuple[str, str, int]] = Counter()
+    for row in session.scalars(select(DbCallbackRequest)):
+        request: Any = row.get_callback_request()
+        if type(request).__name__ == "TaskCallbackRequest" and request.ti.dag_id == dag_id:
+            counts[(request.ti.run_id, request.ti.task_id, request.ti.try_number)] += 1
+    return counts
+
+
+def _left_running(session: Session, dag_id: str) -> int:
+    from airflow.models.taskinstance import TaskInstance as TI
+    from sqlalchemy import func, select
+
+    running = select(func.count()).where(TI.dag_id == dag_id, TI.state.in_(("running", "restarting")))
+    return int(session.scalar(running) or 0)
+
+
+def measure_purge(n: int, retries: int, *, memory: bool) -> dict[str, Any]:
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        runner = _setup.scheduler_runner(session)
+        created = _setup.stale_task_instances(runner, n, session, retries=retries)
+    counter = StatementCounter()
+    error = None
+    if memory:
+        tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        with counter.counting():
+            runner._find_and_purge_task_instances_without_heartbeats()
+    except Exception as exc:  # a stock release that crashes is a result, not a benchmark failure
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    wall = time.perf_counter() - started
+    peak = tracemalloc.get_traced_memory()[1] if memory else None
+    if memory:
+        tracemalloc.stop()
+    with create_session() as session:
+        callbacks = _task_callbacks_per_try(session, "bench_purge")
+        left_running = _left_running(session, "bench_purge")
+    return {
+        "n": created,
+        "wall": wall,
+        "statements": counter.statements,
+        "commits": counter.commits,
+        "kinds": dict(counter.kinds),
+        "peak_bytes": peak,
+        "error": error,
+        "left_running": left_running,
+        "callbacks": sum(callbacks.values()),
+        "tis_with_one_callback": sum(1 for count in callbacks.values() if count == 1),
+    }
+
+
+def _scheduling_loop(runner: Any) -> None:
+    """One pass of the scheduler loop's parts this package touches, in the loop's sessions."""
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        runner._do_scheduling(session)
+    runner._find_and_purge_task_instances_without_heartbeats()
+
+
+def _set_columns(dag_id: str, session: Session, **values: Any) -> None:
+    from airflow.models.taskinstance import TaskInstance as TI
+    from sqlalchemy import update
+
+    session.execute(update(TI).where(TI.dag_id == dag_id).values(**values))
+    session.commit()
+
+
+def _unpause(dag_id: str, session: Session) -> None:
+    from airflow.models.dag import DagModel
+    from sqlalchemy import update
+
+    session.execute(update(DagModel).where(DagModel.dag_id == dag_id).values(is_paused=False))
+    session.commit()
+
+
+def measure_idle() -> dict[str, Any]:
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        runner = _setup.scheduler_runner(session)
+        dag = _setup.store_dag(_setup.DagShape("bench_idle", 1), session)
+        _setup.create_runs(dag, IDLE_RUNS, session)
+        running = _setup.task_instances("bench_idle", session)
+        _setup.harness().make_stale(running, runner, session)
+        _set_columns("bench_idle", session, last_heartbeat_at=datetime.now(tz=timezone.utc))
+        _unpause("bench_idle", session)
+    for _ in range(2):  # warm caches (Dag bag, compiled statements) before counting
+        _scheduling_loop(runner)
+    counter = StatementCounter()
+    started = time.perf_counter()
+    with counter.counting():
+        for _ in range(IDLE_LOOPS):
+            _scheduling_loop(runner)
+    wall = time.perf_counter() - started
+    return {
+        "loops": IDLE_LOOPS,
+        "wall": wall / IDLE_LOOPS,
+        "statements": counter.statements / IDLE_LOOPS,
+        "kinds": dict(counter.kinds),
+    }
+
+
+def measure_storm() -> dict[str, Any]:
+    from airflow.models.dagrun import DagRun
+    from airflow.models.db_callback_request import DbCallbackRequest
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState, TaskInstanceState
+    from sqlalchemy import func, select
+
+    with create_session() as session:
+        runner = _setup.scheduler_runner(session)
+        dag = _setup.store_dag(_setup.DagShape("bench_storm", 1), session)
+        _setup.create_runs(dag, STORM_RUNS, session)
+        _set_columns("bench_storm", session, state=TaskInstanceState.FAILED)
+        _unpause("bench_storm", session)
+    counter = StatementCounter()
+    loops, error = 0, None
+    started = time.perf_counter()
+    with counter.counting():
+        while loops < 100:
+            loops += 1
+            try:
+                _scheduling_loop(runner)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                break
+            with create_session() as session:
+                running = session.scalar(
+                    select(func.count()).where(
+                        DagRun.dag_id == "bench_storm", DagRun.state == DagRunState.RUNNING
+                    )
+                )
+            if not running:
+                break
+    wall = time.perf_counter() - started
+    with create_session() as session:
+        failed = session.scalar(
+            select(func.count()).where(DagRun.dag_id == "bench_storm", DagRun.state == DagRunState.FAILED)
+        )
+        stored = sum(
+            1
+            for row in session.scalars(select(DbCallbackRequest))
+            if type(row.get_callback_request()).__name__ == "DagCallbackRequest"
+        )
+    return {
+        "loops": loops,
+        "wall": wall,
+        "statements": counter.statements,
+        "commits": counter.commits,
+        "runs_failed": failed,
+        "dag_callbacks": stored,
+        "error": error,
+    }
+
+
+def run_child(args: argparse.Namespace) -> None:
+    """Inside a fresh process: configure Airflow, measure one thing, print one JSON line."""
+    _setup.configure(args.db_url)
+    if args.child == "prepare":
+        _setup.migrate_database()
+        result: dict[str, Any] = {"ok": True}
+    else:
+        _setup.become_scheduler()
+        _setup.clear_tables()
+        try:
+            if args.child == "purge":
+                result = measure_purge(args.n[0], args.retries[0], memory=args.memory)
+            elif args.child == "idle":
+                result = measure_idle()
+            else:
+                result = measure_storm()
+        finally:
+            _setup.clear_tables()
+        from airflow_heartbeat_fix import activation
+
+        result["fixed"] = activation.installed_runner() is not None
+    from airflow import __version__
+
+    result["version"] = __version__
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+# -- the parent: interleaved fresh processes, one table ------------------------------------------------
+
+
+def default_db_url(db: str, version: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "_", version.lower())
+    if db == "sqlite":
+        return f"sqlite:///{os.environ.get('TMPDIR', '/tmp')}/hbfix_bench_{slug}.db"
+    base = os.environ.get(
+        "HEARTBEAT_FIX_BENCH_PG_URL_BASE", "postgresql+psycopg://airflow:airflow@localhost:5432"
+    )
+    return f"{base}/hbfix_bench_{slug}"
+
+
+def _airflow_version() -> str:
+    from importlib.metadata import version
+
+    return version("apache-airflow")
+
+
+def spawn(python: str, mode: str, argv: list[str]) -> dict[str, Any]:
+    """Run one child in a fresh process with the fixes on or off; its JSON result."""
+    env = {**os.environ, "AIRFLOW__HEARTBEAT_FIX__ENABLED": str(mode == "fixed")}
+    env.pop("AIRFLOW_HOME", None)
+    proc = subprocess.run(
+        [python, "-m", "benchmarks.purge_cost", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            result: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
+            if "fixed" in result and (mode == "fixed") != result["fixed"]:
+                raise SystemExit(f"asked for {mode}, but the child ran fixed={result['fixed']}")
+            return result
+    tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-25:])
+    raise SystemExit(f"benchmark child {' '.join(argv)} ({mode}) failed (rc={proc.returncode}):\n{tail}")
+
+
+@dataclass
+class Cell:
+    """Every repeat of one measurement of one mode."""
+
+    results: list[dict[str, Any]] = field(default_factory=list)
+    memory: int | None = None
+
+    def walls(self) -> list[float]:
+        return [r["wall"] for r in self.results if not r.get("error")]
+
+    def first(self, key: str) -> Any:
+        return self.results[0][key] if self.results else None
+
+    def error(self) -> str | None:
+        return next((r["error"] for r in self.results if r.get("error")), None)
+
+
+def measure_version(args: argparse.Namespace) -> dict[str, Any]:
+    """All measurements on this venv's Airflow, stock and fixed interleaved; a JSON-able summary."""
+    version = _airflow_version()
+    python = sys.executable
+    out: dict[str, Any] = {"version": version, "db": args.db, "purge": [], "idle": {}, "storm": {}}
+    db_url = args.db_url or default_db_url(args.db, version)
+    common = ["--db-url", db_url]
+    spawn(python, "fixed", ["--child", "prepare", *common])
+    for n in args.n:
+        for retries in args.retries:
+            cells = {mode: Cell() for mode in MODES}
+            argv = ["--child", "purge", "--n", str(n), "--retries", str(retries), *common]
+            for repeat in range(args.repeats):
+                for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
+                    cells[mode].results.append(spawn(python, mode, argv))
+                    _progress(f"{version} {args.db} purge n={n} retries={retries} {mode} #{repeat + 1}")
+            if not args.no_memory:
+                for mode in MODES:
+                    cells[mode].memory = spawn(python, mode, [*argv, "--memory"])["peak_bytes"]
+            out["purge"].append(
+                {"n": n, "retries": retries, **{mode: _summary(cell) for mode, cell in cells.items()}}
+            )
+    for what in ("idle", "storm"):
+        if what not in args.scenarios:
+            continue
+        cells = {mode: Cell() for mode in MODES}
+        for repeat in range(max(1, args.repeats // 2)):
+            for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
+                cells[mode].results.append(spawn(python, mode, ["--child", what, *common]))
+                _progress(f"{version} {args.db} {what} {mode} #{repeat + 1}")
+        out[what] = {mode: _summary(cell) for mode, cell in cells.items()}
+    return out
+
+
+def _summary(cell: Cell) -> dict[str, Any]:
+    walls = cell.walls()
+    first = cell.results[0]
+    return {
+        "wall_median": statistics.median(walls) if walls else None,
+        "wall_min": min(walls) if walls else None,
+        "wall_max": max(walls) if walls else None,
+        "repeats": len(walls),
+        "error": cell.error(),
+        "peak_bytes": cell.memory,
+        **{k: v for k, v in first.items() if k not in {"wall", "error", "peak_bytes", "version", "fixed"}},
+        "converged": all(_converged(r) for r in cell.results) if "left_running" in first else None,
+    }
+
+
+def _converged(result: dict[str, Any]) -> bool:
+    """Every task instance left RUNNING, each try with exactly one task callback."""
+    return (
+        not result.get("error")
+        and result["left_running"] == 0
+        and result["tis_with_one_callback"] == result["n"] == result["callbacks"]
+    )
+
+
+def _progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# -- printing ------------------------------------------------------------------------------------------
+
+
+def _fmt_wall(summary: dict[str, Any]) -> str:
+    if summary["wall_median"] is None:
+        return f"crashes ({summary['error'][:40]})" if summary["error"] else "-"
+    return f"{summary['wall_median']:.3f} ({summary['wall_min']:.3f}-{summary['wall_max']:.3f})"
+
+
+def _anchor_walls(versions: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
+    """Stock 3.4.0b2's purge wall, retries 0, per (db, N): what every ratio is relative to."""
+    anchors = {}
+    for report in versions:
+        if report["version"] != ANCHOR_VERSION:
+            continue
+        for row in report["purge"]:
+            if row["retries"] == 0 and row["stock"]["wall_median"]:
+                anchors[(report["db"], row["n"])] = row["stock"]["wall_median"]
+    return anchors
+
+
+def purge_table(versions: list[dict[str, Any]]) -> str:
+    anchors = _anchor_walls(versions)
+    lines = [
+        f"| purge pass | db | N | retries | mode | wall s median (min-max) | vs stock {ANCHOR_VERSION} "
+        "| fixed/stock | statements/TI | commits/pass | peak MiB | converged |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for report in versions:
+        for row in report["purge"]:
+            stock_wall = row["stock"]["wall_median"]
+            for mode in MODES:
+                s = row[mode]
+                anchor = anchors.get((report["db"], row["n"]))
+                vs_anchor = f"{s['wall_median'] / anchor:.2f}" if anchor and s["wall_median"] else "-"
+                vs_stock = (
+                    f"{s['wall_median'] / stock_wall:.2f}"
+                    if mode == "fixed" and stock_wall and s["wall_median"]
+                    else ""
+                )
+                per_ti = f"{s['statements'] / s['n']:.2f}" if s.get("n") else "-"
+                peak = f"{s['peak_bytes'] / 2**20:.1f}" if s.get("peak_bytes") else "-"
+                lines.append(
+                    f"| {report['version']} | {report['db']} | {row['n']} | {row['retries']} | {mode} "
+                    f"| {_fmt_wall(s)} | {vs_anchor} | {vs_stock} | {per_ti} | {s['commits']} | {peak} "
+                    f"| {'yes' if s['converged'] else 'no'} |"
+                )
+    return "\n".join(lines)
+
+
+def loop_table(versions: list[dict[str, Any]]) -> str:
+    lines = [
+        "| loop | db | scenario | stock statements | fixed statements | stock wall s | fixed wall s "
+        "| fixed/stock wall | notes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for report in versions:
+        for what in ("idle", "storm"):
+            cells = report.get(what)
+            if not cells:
+                continue
+            stock, fixed = cells["stock"], cells["fixed"]
+            ratio = (
+                f"{fixed['wall_median'] / stock['wall_median']:.2f}"
+                if stock["wall_median"] and fixed["wall_median"]
+                else "-"
+            )
+            if what == "idle":
+                label = f"idle, per loop ({IDLE_RUNS} running runs)"
+                notes = _kinds_difference(stock["kinds"], fixed["kinds"], IDLE_LOOPS)
+            else:
+                label = f"Dag-callback storm ({STORM_RUNS} runs)"
+                notes = "; ".join(
+                    f"{mode}: {c['loops']} loops, {c['dag_callbacks']} callbacks"
+                    + (f", {c['error'][:50]}" if c["error"] else "")
+                    for mode, c in cells.items()
+                )
+            lines.append(
+                f"| {report['version']} | {report['db']} | {label} | {stock['statements']:g} "
+                f"| {fixed['statements']:g} | {_wall(stock)} | {_wall(fixed)} | {ratio} | {notes} |"
+            )
+    return "\n".join(lines)
+
+
+def _kinds_difference(stock: dict[str, int], fixed: dict[str, int], loops: int) -> str:
+    """Which statements fixed sends more (+) or fewer (-) than stock over ``loops`` loops."""
+    difference = Counter(fixed)
+    difference.subtract(stock)
+    changed = sorted((kind, count) for kind, count in difference.items() if count)
+    if not changed:
+        return "same statements"
+    return f"fixed vs stock over {loops} loops: " + ", ".join(f"{kind} {count:+d}" for kind, count in changed)
+
+
+def _wall(summary: dict[str, Any]) -> str:
+    return f"{summary['wall_median']:.4f}" if summary["wall_median"] is not None else "-"
+
+
+def kinds_table(versions: list[dict[str, Any]]) -> str:
+    """Statements per task instance by kind, for the largest N, per version, retries and mode."""
+    lines = ["| version | db | retries | mode | statements per TI by kind |", "|---|---|---|---|---|"]
+    for report in versions:
+        largest = max((row["n"] for row in report["purge"]), default=None)
+        for row in report["purge"]:
+            if row["n"] != largest:
+                continue
+            for mode in MODES:
+                s = row[mode]
+                kinds = sorted(s["kinds"].items(), key=lambda kv: -kv[1])
+                text = ", ".join(f"{k} {v / s['n']:.2f}" for k, v in kinds if v / s["n"] >= 0.01)
+                lines.append(f"| {report['version']} | {report['db']} | {row['retries']} | {mode} | {text} |")
+    return "\n".join(lines)
+
+
+def print_tables(versions: list[dict[str, Any]]) -> None:
+    print(purge_table(versions))
+    print()
+    print(loop_table(versions))
+    print()
+    print(kinds_table(versions))
+
+
+# -- entry point ---------------------------------------------------------------------------------------
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    summary = (__doc__ or "").strip().split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.purge_cost", description=summary)
+    parser.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--db-url", help="database to use (default: one per release, created if missing)")
+    parser.add_argument("--n", type=_ints, default=[500, 2000], help="stale task instances, e.g. 500,2000")
+    parser.add_argument("--retries", type=_ints, default=[0, 1], help="task retries, e.g. 0,1")
+    parser.add_argument("--repeats", type=int, default=5, help="fresh-process runs per mode")
+    parser.add_argument("--scenarios", default="idle,storm", help="besides the purge: idle,storm or none")
+    parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc runs")
+    parser.add_argument("--airflow", help="releases to run, each in .venvs/airflow-<v> (e.g. 3.2.2,3.4.0b2)")
+    parser.add_argument("--json", dest="json_out", help="also write the results as JSON to this file")
+    parser.add_argument("--tables-from", help="only print the tables of earlier --json files (a,b,...)")
+    parser.add_argument(
+        "--smoke", action="store_true", help=f"N={SMOKE_N}, 1 repeat; fails only on wrong results"
+    )
+    parser.add_argument("--child", choices=("prepare", "purge", "idle", "storm"), help=argparse.SUPPRESS)
+    parser.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--emit-json", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.n, args.repeats, args.no_memory, args.scenarios = [SMOKE_N], 1, True, "none"
+    return args
+
+
+def _with_venvs(args: argparse.Namespace, argv: list[str]) -> list[dict[str, Any]]:
+    """Run this command in each release's venv and collect what each measured."""
+    reports = []
+    forwarded = [a for a in argv if not a.startswith("--airflow") and a != args.airflow]
+    for version in args.airflow.split(","):
+        python = ROOT / ".venvs" / f"airflow-{version}" / "bin" / "python"
+        if not python.exists():
+            raise SystemExit(
+                f"{python} is missing: build it with `bash scripts/test.sh --versions {version} "
+                "--dbs sqlite --modes fixed --no-e2e --no-lint -- -k nothing`"
+            )
+        proc = subprocess.run(
+            [str(python), "-m", "benchmarks.purge_cost", *forwarded, "--emit-json"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+        lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+        if proc.returncode != 0 or not lines:
+            raise SystemExit(f"the benchmark failed on Airflow {version} (rc={proc.returncode})")
+        reports.append(json.loads(lines[-1][len(RESULT_PREFIX) :]))
+    return reports
+
+
+def smoke_failures(reports: list[dict[str, Any]]) -> list[str]:
+    """What the smoke run checks: the fixed purge converges every task instance with one callback."""
+    return [
+        f"{report['version']} {report['db']} n={row['n']} retries={row['retries']}: "
+        f"fixed purge did not converge (error={row['fixed']['error']}, "
+        f"left running={row['fixed'].get('left_running')}, "
+        f"callbacks={row['fixed'].get('callbacks')} for n={row['fixed'].get('n')})"
+        for report in reports
+        for row in report["purge"]
+        if not row["fixed"]["converged"]
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.child:
+        run_child(args)
+        return 0
+    args.scenarios = [] if args.scenarios == "none" else args.scenarios.split(",")
+    if args.tables_from:
+        reports = [
+            report for name in args.tables_from.split(",") for report in json.loads(Path(name).read_text())
+        ]
+    elif args.airflow:
+        reports = _with_venvs(args, argv)
+    else:
+        reports = [measure_version(args)]
+        if args.emit_json:
+            print(RESULT_PREFIX + json.dumps(reports[0]), flush=True)
+            return 0
+    if args.json_out and not args.tables_from:
+        Path(args.json_out).write_text(json.dumps(reports, indent=2))
+    print_tables(reports)
+    if args.smoke and (failures := smoke_failures(reports)):
+        print("\n".join(["", "SMOKE FAILED:", *failures]), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -48,6 +48,8 @@ E2E_CELLS = [(NEWEST, "sqlite"), ("3.3.2", "sqlite"), (NEWEST, "postgres")]
 #: A cell that hangs outside a test (pytest-timeout covers the tests) is killed, with its subprocesses.
 CELL_TIMEOUT = 1200
 TWINE = "6.2.0"
+#: Releases whose purge benchmark runs at small N in every test run (a smoke test, never timed).
+BENCH_SMOKE = ["3.3.2", NEWEST]
 #: What the distributions must carry: the license, the demo's Dags; the tests with their conftest.
 WHEEL_MUST_HOLD = ("licenses/LICENSE", "airflow_heartbeat_fix/demo/dags/retry_after_heartbeat_timeout.py")
 SDIST_MUST_HOLD = ("LICENSE", "tests/conftest.py", "tests/_stand_in/tests_common/pytest_plugin.py")
@@ -228,6 +230,33 @@ def tests(session: nox.Session, airflow: str, db: str, mode: str) -> None:
     # Tests that set the switch themselves would repeat the fixed cell's run exactly.
     select = "not e2e" if mode == "fixed" else "not e2e and not mode_independent"
     run_pytest(session, airflow, cell, env, "-m", select, "tests")
+
+
+@nox.session(allow_parallel=True)
+@nox.parametrize("airflow", BENCH_SMOKE)
+def bench_smoke(session: nox.Session, airflow: str) -> None:
+    """The purge benchmark at N = 20: fails only if the fixed purge leaves a try unconverged or doubled."""
+    bin_dir = airflow_env(session, airflow)
+    home = RESULTS / "cells" / f"bench-{airflow}"
+    home.mkdir(parents=True, exist_ok=True)
+    env = {"AIRFLOW_HOME": str(home), "AIRFLOW_CONFIG": None, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": None}
+    with (RESULTS / f"bench-{airflow}.log").open("w") as out:
+        session.run(
+            *(str(bin_dir / "python"), "-m", "benchmarks.purge_cost", "--smoke", "--db", "sqlite"),
+            *("--db-url", f"sqlite:///{home}/bench.db"),
+            env=env,
+            stdout=out,
+            external=True,
+        )
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """``python -m benchmarks.purge_cost ARGS`` across releases, e.g. ``-- --airflow 3.3.2,3.4.0b2``."""
+    for version in AIRFLOW_VERSIONS:
+        if any(version in arg for arg in session.posargs):
+            airflow_env(session, version)
+    session.run(sys.executable, "-m", "benchmarks.purge_cost", *session.posargs, external=True)
 
 
 @nox.session

@@ -78,13 +78,15 @@ def is_enabled() -> bool:
 @functools.cache
 def _originals() -> dict[str, Any]:
     """Airflow's own classes, captured before anything here replaces them."""
-    from airflow.callbacks import database_callback_sink
     from airflow.jobs import scheduler_job_runner
 
-    return {
-        "sink": database_callback_sink.DatabaseCallbackSink,
-        "runner": scheduler_job_runner.SchedulerJobRunner,
-    }
+    try:
+        from airflow.callbacks.database_callback_sink import DatabaseCallbackSink
+    except ImportError:  # a future Airflow without it: the fixes are not applicable (decide() says so)
+        sink = None
+    else:
+        sink = DatabaseCallbackSink
+    return {"sink": sink, "runner": scheduler_job_runner.SchedulerJobRunner}
 
 
 def facts() -> AirflowFacts:

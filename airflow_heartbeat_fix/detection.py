@@ -35,6 +35,8 @@ class FixState(str, enum.Enum):
     NOT_NEEDED = "not needed (present upstream)"
     DISABLED = "disabled"
     UNSUPPORTED = "unsupported"
+    #: The patched classes are gone (upstream plans to move task callbacks off DatabaseCallbackSink).
+    NOT_APPLICABLE = "not applicable"
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class AirflowFacts:
     purge_converges: bool | None
     missing_hooks: tuple[str, ...] = ()
     purge_locks_each_ti: bool | None = False
+    has_callback_sink: bool = True
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,9 @@ def _decide_lock(facts: AirflowFacts, enabled: bool, sink: FixDecision, purge: F
 
 def decide(facts: AirflowFacts, *, enabled: bool) -> dict[str, FixDecision]:
     """Map the facts about an installation to one decision per fix."""
+    if not facts.has_callback_sink:
+        why = f"Airflow {facts.version} has no DatabaseCallbackSink: the code these fixes patch is gone"
+        return {fix: FixDecision(fix, FixState.NOT_APPLICABLE, why) for fix in FIXES}
     sink = _decide_sink(facts, enabled)
     purge = _decide_purge(facts, enabled, sink)
     return {SINK_FIX: sink, PURGE_FIX: purge, LOCK_FIX: _decide_lock(facts, enabled, sink, purge)}
@@ -222,8 +228,10 @@ def purge_locks_each_ti(runner_cls: type) -> bool | None:
     return bool(names & {"with_row_locks", "with_for_update", "lock_for_update"})
 
 
-def read_facts(*, version: str, sink_cls: type, runner_cls: type) -> AirflowFacts:
-    """Inspect Airflow's own (unpatched) sink and scheduler classes."""
+def read_facts(*, version: str, sink_cls: type | None, runner_cls: type) -> AirflowFacts:
+    """Inspect Airflow's own (unpatched) sink and scheduler classes; ``sink_cls`` None: no such sink."""
+    if sink_cls is None:
+        return AirflowFacts(version, None, None, has_callback_sink=False)
     missing = tuple(hook for hook in (*SINK_FIX_HOOKS, *PURGE_FIX_HOOKS) if not hasattr(runner_cls, hook))
     return AirflowFacts(
         version=version,

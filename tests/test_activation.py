@@ -219,6 +219,28 @@ def test_dry_run_reports_an_activation_failure_as_unsupported(monkeypatch: pytes
             activation.install()
 
 
+def test_airflow_without_the_callback_sink_is_not_applicable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sink module gone: every fix "not applicable", nothing patched, nothing missing for status."""
+    from airflow.cli.commands import scheduler_command
+
+    activation.uninstall()
+    activation._originals.cache_clear()
+    stock_runner = scheduler_command.SchedulerJobRunner
+    monkeypatch.setitem(sys.modules, "airflow.callbacks.database_callback_sink", None)  # import fails
+    try:
+        decided = activation.dry_run()
+        assert {d.state for d in decided.values()} == {FixState.NOT_APPLICABLE}
+        assert activation.not_applied(decided) == []
+        assert activation.install(raise_errors=True) == decided
+        assert scheduler_command.SchedulerJobRunner is stock_runner
+    finally:
+        activation.uninstall()
+        monkeypatch.undo()
+        activation._originals.cache_clear()
+        if activation.is_enabled():
+            activation.install()
+
+
 def test_fixed_scheduler_logs_under_the_stock_logger_name() -> None:
     from airflow.jobs.job import Job
 

@@ -128,3 +128,11 @@ def test_facts_of_this_airflow_are_recognised():
     assert facts.sink_commits_caller_session is not None
     assert facts.purge_converges is not None
     assert facts.purge_locks_each_ti is not None
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_decide_without_a_callback_sink_is_not_applicable(enabled: bool) -> None:
+    """An Airflow whose task callbacks no longer go through DatabaseCallbackSink: nothing to patch."""
+    decided = decide(AirflowFacts("4.0.0", None, None, has_callback_sink=False), enabled=enabled)
+    assert {d.state for d in decided.values()} == {FixState.NOT_APPLICABLE}
+    assert all("has no DatabaseCallbackSink" in d.reason for d in decided.values())

@@ -1,31 +1,18 @@
 #!/usr/bin/env bash
-# Runs the demo: bash scripts/demo.sh [--airflow V] [demo args...]
+# Runs the demo: bash scripts/demo.sh [--airflow V] [DEMO ARGS...]
 #
-# --airflow V (default 3.4.0b2) picks the venv .venvs/airflow-V and is consumed here; every other
-# argument goes unchanged to `airflow-heartbeat-fix demo`. PostgreSQL is set up (and
-# HEARTBEAT_FIX_PG_URL_BASE exported) only when the demo is asked for `--database postgres...`.
+# --airflow V (default: the newest Airflow, 3.4.0b2) picks the environment .venvs/airflow-V, built on
+# first use; every other argument goes to `airflow-heartbeat-fix demo` (this is `nox -s demo -- ARGS`).
+# With --database postgresql://..., the local PostgreSQL is started first (scripts/postgres.sh).
 set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# shellcheck source=scripts/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-cd "$REPO_ROOT"
-
-main() {
-    local version=3.4.0b2 want_pg=0
-    local -a args=()
-    while (($#)); do
-        case "$1" in
-            --airflow) version="${2:?--airflow needs a version}"; shift 2; continue ;;
-            --airflow=*) version="${1#*=}"; shift; continue ;;
-            --database) [[ "${2:-}" == postgres* ]] && want_pg=1 ;;
-            --database=postgres*) want_pg=1 ;;
-        esac
-        args+=("$1"); shift
+if [[ " $* " == *" --help "* || " $* " == *" -h "* ]]; then
+    sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    # The demo's own options, if an environment exists already (help builds nothing).
+    for cli in .venvs/airflow-*/bin/airflow-heartbeat-fix; do
+        [[ -x "$cli" ]] && { echo; "$cli" demo --help; break; }
     done
-
-    ensure_venv "$version"
-    ((want_pg)) && ensure_postgres
-    exec "$VENVS_DIR/airflow-$version/bin/airflow-heartbeat-fix" demo "${args[@]}"
-}
-
-main "$@"
+    exit 0
+fi
+exec bash scripts/nox.sh -s demo -- "$@"

@@ -30,6 +30,7 @@ from airflow_heartbeat_fix.demo.run import installed_airflow_version
 pytestmark = pytest.mark.e2e
 
 DEMO_TIMEOUT = 600
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(DEMO_TIMEOUT + 60)]
 #: ``scripts/test.sh`` sets this for its PostgreSQL e2e cell; unset, the demo uses its embedded SQLite.
 DEMO_DATABASE = os.environ.get("HEARTBEAT_FIX_DEMO_DATABASE")
 

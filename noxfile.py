@@ -1,0 +1,286 @@
+"""
+The project's test runner (nox). ``bash scripts/test.sh`` runs it from a pinned bootstrap; directly:
+``bash scripts/nox.sh -l`` lists the sessions, ``bash scripts/nox.sh -s lint`` runs one.
+
+Sessions: ``tests(airflow, db, mode)`` (the matrix), ``lint``, ``breeze_overrides``, ``e2e(airflow, db)``
+(the demo end to end, one at a time after the matrix), ``parity`` (checks test-results/ against
+parity/expectations.toml) and ``demo`` (not run by default).
+
+Every session runs in one environment per Airflow version, ``.venvs/airflow-<version>``, built with uv
+and shared by that version's cells: nox gives each session its own virtualenv, and 16 copies of Airflow
+would cost minutes. Results: ``test-results/<cell>.xml`` (junit) and ``test-results/<cell>.log``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import itertools
+import json
+import shutil
+import sys
+import xml.etree.ElementTree as ET
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import nox
+from nox.command import CommandFailed
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "test-results"
+AIRFLOW_VERSIONS = ["3.2.2", "3.3.2", "3.4.0b1", "3.4.0b2"]
+#: The newest Airflow: its environment also runs lint, breeze_overrides, parity and the demo.
+NEWEST = AIRFLOW_VERSIONS[-1]
+DBS = ["sqlite", "postgres"]
+#: stock: AIRFLOW__HEARTBEAT_FIX__ENABLED=False, Airflow as released.
+MODES = ["fixed", "stock"]
+E2E_CELLS = [(NEWEST, "sqlite"), ("3.3.2", "sqlite"), (NEWEST, "postgres")]
+#: A cell that hangs outside a test (pytest-timeout covers the tests) is killed, with its subprocesses.
+CELL_TIMEOUT = 1200
+TWINE = "6.2.0"
+#: What the distributions must carry: the license, the demo's Dags; the tests with their conftest.
+WHEEL_MUST_HOLD = ("licenses/LICENSE", "airflow_heartbeat_fix/demo/dags/retry_after_heartbeat_timeout.py")
+SDIST_MUST_HOLD = ("LICENSE", "tests/conftest.py", "tests/_stand_in/tests_common/pytest_plugin.py")
+#: One PostgreSQL database name per checkout, so two clones can test at once on one server.
+CHECKOUT_TAG = hashlib.sha256(str(ROOT).encode()).hexdigest()[:6]
+
+nox.options.default_venv_backend = "none"
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Two sessions of one Airflow version may start together (``--parallel``): one builds, one waits."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def airflow_env(session: nox.Session, version: str) -> Path:
+    """``.venvs/airflow-<version>``'s bin directory, creating or updating the environment if needed.
+
+    Installs when the constraints or pyproject.toml changed (a stamp holds their hash), not on every
+    session: uv reinstalls an editable project each time, under the feet of a cell that is running.
+    """
+    from uv import find_uv_bin
+
+    uv, env = find_uv_bin(), ROOT / ".venvs" / f"airflow-{version}"
+    constraints = ROOT / "constraints" / f"airflow-{version}.txt"
+    install = [f"apache-airflow=={version}", "-e", f"{ROOT}[dev]", "-c", str(constraints)]
+    stamp = hashlib.sha256(
+        "\n".join([*install, constraints.read_text(), (ROOT / "pyproject.toml").read_text()]).encode()
+    ).hexdigest()
+    with _locked(ROOT / ".venvs" / f".airflow-{version}.lock"):
+        if not (env / "bin" / "python").exists():
+            session.run(uv, "venv", "--quiet", "--seed", "--python", sys.executable, str(env), external=True)
+        if (env / ".installed").exists() and (env / ".installed").read_text() == stamp:
+            return env / "bin"
+        # --compile-bytecode: this machine sets PYTHONDONTWRITEBYTECODE=1 and uv writes no .pyc by
+        # default, so every Airflow subprocess would compile all of Airflow on import (~10 s, not ~3 s).
+        session.run(
+            *(uv, "pip", "install", "--quiet", "--compile-bytecode", "--python", str(env / "bin" / "python")),
+            *install,
+            env={"UV_PYTHON_DOWNLOADS": "never"},
+            external=True,
+        )
+        (env / ".installed").write_text(stamp)
+    return env / "bin"
+
+
+def postgres(session: nox.Session, *args: str) -> str:
+    """``scripts/postgres.sh ARGS``'s last output line: installs, starts and provisions the local server."""
+    script = str(ROOT / "scripts" / "postgres.sh")
+    out = session.run("bash", script, *args, silent=True, stderr=None, external=True)
+    return str(out).strip().splitlines()[-1]
+
+
+def cell_name(session_name: str, args: dict[str, str]) -> str:
+    """The junit/log name: ``3.4.0b2-sqlite-fixed`` for tests(...), ``e2e-3.4.0b2-sqlite``, ``lint``."""
+    prefix = [] if session_name == "tests" else [session_name.replace("_", "-")]
+    return "-".join(prefix + [args[key] for key in ("airflow", "db", "mode") if key in args])
+
+
+def run_pytest(session: nox.Session, version: str, cell: str, env: dict[str, str | None], *args: str) -> None:
+    """pytest in a fresh AIRFLOW_HOME, junit to test-results/<cell>.xml, output to <cell>.log."""
+    bin_dir = airflow_env(session, version)
+    home = RESULTS / "cells" / cell
+    shutil.rmtree(home, ignore_errors=True)
+    (home / "airflow").mkdir(parents=True)
+    env = {
+        "AIRFLOW_HOME": str(home / "airflow"),
+        "HEARTBEAT_FIX_TEST_DB_URL": f"sqlite:///{home}/airflow.db",
+        "HEARTBEAT_FIX_CELL": cell,
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": None,
+        "AIRFLOW_CONFIG": None,
+        **env,
+    }
+    log = RESULTS / f"{cell}.log"
+    session.log(f"{cell}: output in {log.relative_to(ROOT)}")
+    try:
+        with log.open("w") as out:
+            session.run(
+                *("timeout", "--kill-after=30", str(CELL_TIMEOUT), str(bin_dir / "python"), "-m", "pytest"),
+                *("-q", f"--junitxml={RESULTS / cell}.xml", *args),
+                *session.posargs,
+                env=env,
+                stdout=out,
+                external=True,
+            )
+    except CommandFailed:
+        session.warn(f"the end of {log.relative_to(ROOT)}:\n" + "".join(log.open().readlines()[-40:]))
+        raise
+
+
+@nox.session(allow_parallel=True)
+def lint(session: nox.Session) -> None:
+    """ruff and mypy, in the newest Airflow's environment (mypy reads Airflow's types)."""
+    bin_dir = airflow_env(session, NEWEST)
+    session.run(str(bin_dir / "ruff"), "check", ".", external=True)
+    session.run(str(bin_dir / "mypy"), external=True)
+
+
+@nox.session(allow_parallel=True)
+def breeze_overrides(session: nox.Session) -> None:
+    """The Breeze checksum override's tests: plain pytest, no Airflow database."""
+    run_pytest(session, NEWEST, cell_name("breeze_overrides", {}), {}, "breeze_overrides/tests")
+
+
+@nox.session(allow_parallel=True)
+def package(session: nox.Session) -> None:
+    """The wheel and sdist build, pass ``twine check --strict`` and carry what they promise."""
+    import tarfile
+    import zipfile
+
+    from uv import find_uv_bin
+
+    dist = RESULTS / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    session.run(find_uv_bin(), "build", "--quiet", "--out-dir", str(dist), str(ROOT), external=True)
+    wheel, sdist = next(dist.glob("*.whl")), next(dist.glob("*.tar.gz"))
+    session.run(
+        *(find_uv_bin(), "tool", "run", "--from", f"twine=={TWINE}", "twine", "check", "--strict"),
+        *(str(wheel), str(sdist)),
+        external=True,
+    )
+    in_wheel = set(zipfile.ZipFile(wheel).namelist())
+    with tarfile.open(sdist) as tar:
+        in_sdist = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    missing = [f"wheel: {name}" for name in WHEEL_MUST_HOLD if not any(n.endswith(name) for n in in_wheel)]
+    missing += [f"sdist: {name}" for name in SDIST_MUST_HOLD if name not in in_sdist]
+    if missing:
+        session.error("missing from the distributions: " + ", ".join(missing))
+
+
+@nox.session(allow_parallel=True)
+@nox.parametrize("airflow", AIRFLOW_VERSIONS)
+def install_check(session: nox.Session, airflow: str) -> None:
+    """``pip install`` of the package next to this Airflow never changes the Airflow that is installed.
+
+    pip, not uv, because that is what operators run; ``--dry-run --report`` lists what pip would change
+    in the environment built with this release's constraints. ``status -o json`` is recorded beside it.
+    """
+    bin_dir = airflow_env(session, airflow)
+    report = RESULTS / f"install-{airflow}.json"
+    session.run(
+        *(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"),
+        *("--dry-run", "--report", str(report), str(ROOT)),
+        external=True,
+    )
+    changed = [item["metadata"]["name"] for item in json.loads(report.read_text())["install"]]
+    if moved := [name for name in changed if name.lower().startswith("apache-airflow")]:
+        session.error(f"pip install would change Airflow {airflow}'s packages: {', '.join(moved)}")
+    home = RESULTS / "cells" / f"install-{airflow}"
+    home.mkdir(parents=True, exist_ok=True)
+    with (RESULTS / f"status-{airflow}.json").open("w") as out:
+        session.run(
+            str(bin_dir / "airflow-heartbeat-fix"),
+            *("status", "-o", "json"),
+            env={
+                "AIRFLOW_HOME": str(home),
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": None,
+                "AIRFLOW_CONFIG": None,
+            },
+            stdout=out,
+            external=True,
+        )
+    session.log(f"Airflow {airflow}: pip would install only {', '.join(changed)}; status recorded")
+
+
+@nox.session(allow_parallel=True)
+@nox.parametrize(("airflow", "db", "mode"), list(itertools.product(AIRFLOW_VERSIONS, DBS, MODES)))
+def tests(session: nox.Session, airflow: str, db: str, mode: str) -> None:
+    """tests/ on an empty database; stock: the fix off, each needed fix's tests a strict xfail."""
+    cell = cell_name("tests", {"airflow": airflow, "db": db, "mode": mode})
+    env: dict[str, str | None] = {"AIRFLOW__HEARTBEAT_FIX__ENABLED": str(mode == "fixed")}
+    if db == "postgres":
+        name = f"hbfix_{CHECKOUT_TAG}_{airflow.replace('.', '_')}_{mode}"
+        env["HEARTBEAT_FIX_TEST_DB_URL"] = postgres(session, "create-db", name)
+    run_pytest(session, airflow, cell, env, "tests")
+
+
+@nox.session
+@nox.parametrize(("airflow", "db"), E2E_CELLS)
+def e2e(session: nox.Session, airflow: str, db: str) -> None:
+    """The demo end to end, alone: its real scheduler's heartbeat timing needs the CPU."""
+    env: dict[str, str | None] = {}
+    if db == "postgres":
+        name = f"hbfix_{CHECKOUT_TAG}_demo_{airflow.replace('.', '_')}"
+        env["HEARTBEAT_FIX_DEMO_DATABASE"] = postgres(session, "create-db", name)
+    run_pytest(session, airflow, cell_name("e2e", {"airflow": airflow, "db": db}), env, "-m", "e2e", "tests")
+
+
+@nox.session
+def parity(session: nox.Session) -> None:
+    """Every mirrored test in every cell of test-results/ against parity/expectations.toml."""
+    bin_dir = airflow_env(session, NEWEST)
+    session.run(str(bin_dir / "python"), "-m", "parity", "--results", str(RESULTS), external=True)
+
+
+@nox.session(default=False)
+def demo(session: nox.Session) -> None:
+    """``airflow-heartbeat-fix demo ARGS``; ``--airflow V`` (default: the newest) picks the Airflow."""
+    args, version = list(session.posargs), NEWEST
+    for at, arg in enumerate(args):
+        if arg.startswith("--airflow"):
+            version = arg.partition("=")[2] or args.pop(at + 1)
+            del args[at]
+            break
+    if any(arg.startswith(("--database=postgres", "postgres")) for arg in args):
+        postgres(session, "start")
+    bin_dir = airflow_env(session, version)
+    session.run(str(bin_dir / "airflow-heartbeat-fix"), "demo", *args, external=True)
+
+
+def summary(results: Path, report: Path) -> int:
+    """Prints each cell's counts and, last, ``N passed, M failed``; returns the exit status.
+
+    A failed session whose junit shows no failing test (lint, a crash, no tests, no report) counts once.
+    """
+    passed, failed, failing_cells = 0, 0, set()
+    for xml in sorted(results.glob("*.xml")):
+        counts = dict.fromkeys(("passed", "failed", "xfailed", "skipped"), 0)
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            kinds = {child.tag: child.get("type") for child in case}
+            kind = "failed" if {"failure", "error"} & kinds.keys() else "passed"
+            if "skipped" in kinds:
+                kind = "xfailed" if kinds["skipped"] == "pytest.xfail" else "skipped"
+            counts[kind] += 1
+        print(f"{xml.stem:26}" + (", ".join(f"{n} {kind}" for kind, n in counts.items() if n) or "no tests"))
+        passed, failed = passed + counts["passed"], failed + counts["failed"]
+        failing_cells |= {xml.stem} if counts["failed"] else set()
+    sessions: list[dict[str, Any]] = json.loads(report.read_text())["sessions"] if report.exists() else []
+    sessions = sessions or [{"name": "nox", "result": "no report"}]
+    for bad in (s for s in sessions if s.get("result") != "success"):
+        print(f"session failed: {(bad.get('signatures') or [bad['name']])[0]}")
+        failed += cell_name(bad["name"], bad.get("args", {})) not in failing_cells
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    # scripts/test.sh runs this after nox, for CI's last line.
+    sys.exit(summary(RESULTS, RESULTS / "nox-report.json"))

@@ -18,11 +18,6 @@ try:  # 3.2+: the public re-export of the shared metrics module.
 except ImportError:  # 3.0/3.1.
     from airflow.stats import Stats  # type: ignore[assignment,no-redef,unused-ignore]
 
-try:  # 3.2+: the shared timezone helpers.
-    from airflow._shared.timezones import timezone
-except ImportError:  # 3.0/3.1.
-    from airflow.utils import timezone  # type: ignore[attr-defined,no-redef,unused-ignore]
-
 if TYPE_CHECKING:
     from airflow.executors.base_executor import BaseExecutor
     from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
@@ -34,7 +29,6 @@ __all__ = [
     "scheduler_executors",
     "scoped_session",
     "scoped_session_in_transaction",
-    "timezone",
     "with_row_locks",
 ]
 

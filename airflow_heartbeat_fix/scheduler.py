@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow.callbacks.callback_requests import EmailRequest, TaskCallbackRequest
@@ -22,12 +22,11 @@ from sqlalchemy import inspect, select
 from sqlalchemy.orm.attributes import set_committed_value
 
 from airflow_heartbeat_fix import session_binding
-from airflow_heartbeat_fix._compat import Stats, default_executor, scoped_session, timezone, with_row_locks
+from airflow_heartbeat_fix._compat import Stats, default_executor, scoped_session, with_row_locks
 from airflow_heartbeat_fix.detection import LOCK_FIX, PURGE_FIX, SINK_FIX
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
-    from datetime import datetime
 
     from airflow.callbacks.callback_requests import CallbackRequest, DagCallbackRequest
     from airflow.executors.base_executor import BaseExecutor
@@ -69,8 +68,9 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
     """
     Backport of the converged heartbeat-timeout purge to schedulers that only send the callback.
 
-    Backports upstream's fix for apache/airflow#42553 (seed 000, shipped in 3.4.0b1) to 3.2/3.3. Delete
-    once the oldest supported Airflow ships the converged purge (detection reports it "not needed").
+    Backports apache/airflow#68008 (closes #42553; seed 000, shipped in 3.4.0b1) and the callback type of
+    #66767 (closes #65400; 3.3.1+) to 3.2/3.3. Delete once the oldest supported Airflow ships the
+    converged purge (detection reports it "not needed").
 
     The stock purge sends a ``TaskCallbackRequest`` and leaves the task instance RUNNING, so the next
     scan sends another one for the same try. Here the scan locks its rows, the purge re-validates them,
@@ -256,7 +256,8 @@ class LockedPurgeRevalidationMixin(SchedulerJobRunner):
             select(*TI.__table__.columns).where(TI.id == ti.id), of=TI, session=session, skip_locked=True
         )
         row = session.execute(locked_row).mappings().one_or_none()
-        stale_before = timezone.utcnow() - timedelta(seconds=self._task_instance_heartbeat_timeout_secs)
+        timeout = timedelta(seconds=self._task_instance_heartbeat_timeout_secs)
+        stale_before = datetime.now(tz=timezone.utc) - timeout
         if row is None:
             changed: str | None = "is held by another transaction (or gone)"
         else:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
 
 #: Exit codes, as documented in ``--help`` and the README.
 EXIT_OK, EXIT_NOT_APPLIED, EXIT_USAGE = 0, 1, 2
@@ -84,8 +86,28 @@ def _print_status(document: dict[str, Any], output: str) -> None:
         _say(document["config_problem"])
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """
+    Send whatever Airflow writes to stdout while it loads to stderr instead, at the file descriptor.
+
+    Airflow 3.2.0-3.2.2 log to stdout on import (alembic's plugin setup at INFO, through a logger that
+    holds the stream), which would corrupt ``status -o json``; stdout carries the document only.
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _status(output: str) -> int:
-    document = status_document()
+    with _stdout_to_stderr():
+        document = status_document()
     _print_status(document, output)
     if not document["ok"]:
         _say("a scheduler started now would run without: " + ", ".join(document["not_applied"]))

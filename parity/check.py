@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from parity.expectations import SWEEP_DBS
+
 if TYPE_CHECKING:
     import xml.etree.ElementTree as ET
 
@@ -58,9 +60,12 @@ class Verdict:
 
 
 def matrix_cells(expectations: Expectations) -> list[Cell]:
-    return [
+    """Every db x mode of ``[matrix].versions``, then the sweep: ``[matrix].sweep`` on the sweep's dbs."""
+    full = [
         Cell(v, d, m) for v in expectations.versions for d in expectations.dbs for m in expectations.modes
     ]
+    sweep = [Cell(v, d, m) for v in expectations.sweep for d in SWEEP_DBS for m in expectations.modes]
+    return full + sweep
 
 
 def expected_outcome(expectations: Expectations, node: str, cell: Cell) -> Result:

@@ -17,6 +17,8 @@ import tomllib
 from airflow_heartbeat_fix.detection import FIXES
 
 DEFAULT_PATH = Path(__file__).with_name("expectations.toml")
+#: The databases ``[matrix].sweep`` releases run on (fixed + stock); the full matrix has ``[matrix].dbs``.
+SWEEP_DBS = ("sqlite",)
 
 #: Keys a ``not_applicable`` entry may narrow by; an absent key means "every value".
 _NOT_APPLICABLE_KEYS = ("versions", "dbs", "modes")
@@ -258,6 +260,7 @@ def load(path: Path = DEFAULT_PATH) -> Expectations:
 
 __all__ = [
     "DEFAULT_PATH",
+    "SWEEP_DBS",
     "Bug",
     "Expectations",
     "ExpectationsError",

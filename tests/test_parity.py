@@ -171,6 +171,24 @@ def test_another_release_gets_its_own_column(toml: Path, results: Path) -> None:
     assert "| 3.3.0 | not needed (3 stock passes) | not needed (1 stock passes) |" in report
 
 
+def test_sweep_release_is_expected_on_sqlite_only(
+    toml: Path, results: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A [matrix].sweep release must have its SQLite cells, fixed and stock, and no others."""
+    sweep = toml.read_text().replace(
+        'modes = ["fixed", "stock"]\n', 'modes = ["fixed", "stock"]\nsweep = ["3.3.0"]\n', 1
+    )
+    toml.write_text(sweep, encoding="utf-8")
+    assert run(toml, results) == 1
+    err = capsys.readouterr().err
+    assert "3.3.0-sqlite-fixed: no results" in err
+    assert "3.3.0-sqlite-stock: no results" in err
+    assert "3.3.0-postgres" not in err
+    for mode in ("fixed", "stock"):
+        write_cell(results, Cell("3.3.0", "sqlite", mode), as_declared(Cell(V2, "sqlite", "fixed")))
+    assert run(toml, results) == 0
+
+
 def test_stock_pass_where_a_bug_is_declared(
     toml: Path, results: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

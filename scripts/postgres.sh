@@ -16,15 +16,16 @@ start() {
         [[ "$(id -u)" == 0 ]] || { log "no PostgreSQL server and not root: apt-get install postgresql"; exit 1; }
         log "installing Debian's postgresql"
         export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq >&2 && apt-get install -y -qq postgresql >&2
+        apt-get update -qq >&2 9>&- && apt-get install -y -qq postgresql >&2 9>&-
     fi
     local ver status
     ver="$(server_version)"
     if ! pg_lsclusters -h | awk -v v="$ver" '$1 == v && $2 == "main" {f = 1} END {exit !f}'; then
-        pg_createcluster "$ver" main -- --auth-local=peer --auth-host=scram-sha-256 >&2
+        pg_createcluster "$ver" main -- --auth-local=peer --auth-host=scram-sha-256 >&2 9>&-
     fi
     read -r PORT status < <(pg_lsclusters -h | awk -v v="$ver" '$1 == v && $2 == "main" {print $3, $4}')
-    [[ "$status" == online* ]] || pg_ctlcluster "$ver" main start >&2
+    # 9>&-: a server started here must not inherit (and hold forever) the provisioning lock.
+    [[ "$status" == online* ]] || pg_ctlcluster "$ver" main start >&2 9>&-
     for _ in $(seq 60); do pg_isready -q -h 127.0.0.1 -p "$PORT" && break; sleep 0.5; done
     pg_isready -q -h 127.0.0.1 -p "$PORT" || { log "PostgreSQL $ver not accepting connections on $PORT"; exit 1; }
     as_postgres <<'SQL'
@@ -36,7 +37,7 @@ SQL
 
 # One provisioning at a time: test cells run in parallel and share the machine's server.
 exec 9>/tmp/hbfix-postgres.lock
-flock 9
+flock -w 300 9 || { log "waited 300 s for /tmp/hbfix-postgres.lock; another provisioning is stuck"; exit 1; }
 case "${1:-}" in
     start) start; echo "$URL" ;;
     create-db)

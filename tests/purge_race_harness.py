@@ -1,19 +1,22 @@
 """
 Race a heartbeat-timeout purge against workers and other schedulers, on a real PostgreSQL database.
 
-Shared by the reliability tests (``tests/test_purge_row_locks.py``) and the stress benchmark
-(``python -m benchmarks.purge_race``); no pytest in here. Nothing is mocked but the workers: a worker
-is a thread with its own database connection doing what the Execution API's ``ti_update_state`` does
-when a task succeeds (lock the try's row, and only if it is still RUNNING and the live try, set
-SUCCESS and commit). Interleavings are made deterministic with :class:`Interleaving`: the scheduler
-thread stops at a chosen moment, lets another actor go, and waits until that actor has finished or is
-waiting on a row lock, which the database reports (``pg_locks``); every wait is bounded.
+Shared by the reliability tests (``tests/unit/jobs/test_heartbeat_fix_row_locks.py``) and the
+stress benchmark (``python -m benchmarks.purge_race``); no pytest in here. Nothing is mocked but the
+workers: a worker is a thread with its own database connection doing what the Execution API's
+``ti_update_state`` does when a task succeeds (lock the try's row, and only if it is still RUNNING and
+the live try, set SUCCESS and commit). Interleavings are made deterministic with
+:class:`Interleaving`: the scheduler thread stops at a chosen moment, lets another actor go, and waits
+until that actor has finished or is waiting on a row lock, which the database reports (``pg_locks``);
+every wait is bounded. :func:`kill_scheduler_mid_purge` runs real ``airflow scheduler`` processes
+instead, and SIGKILLs one in the middle of its purge.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,9 +28,12 @@ from sqlalchemy.pool import NullPool
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
+    from pathlib import Path
 
-    from sqlalchemy.engine import Engine
+    from sqlalchemy.engine import Connection, Engine
     from sqlalchemy.orm import Session
+
+    from airflow_heartbeat_fix.demo.processes import Component, Processes
 
 #: How long any actor may take before the harness gives up (a hang is a failure, never a stall).
 SETTLE_TIMEOUT = 20.0
@@ -97,6 +103,11 @@ def make_stale(tis: list[Any], runner: Any, session: Session) -> list[Any]:
     their ids in the order the purge handles them (the scenarios below work on ids: a failed pass
     detaches every ORM object of the scheduler's session).
     """
+    return make_stale_for_job(tis, runner.job.id, session)
+
+
+def make_stale_for_job(tis: list[Any], job_id: int, session: Session) -> list[Any]:
+    """:func:`make_stale` for the scheduler job ``job_id`` (a scheduler in another process)."""
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.state import TaskInstanceState
     from sqlalchemy import update
@@ -108,7 +119,7 @@ def make_stale(tis: list[Any], runner: Any, session: Session) -> list[Any]:
         .values(
             state=TaskInstanceState.RUNNING,
             try_number=1,
-            queued_by_job_id=runner.job.id,
+            queued_by_job_id=job_id,
             start_date=now - STALE_FOR - timedelta(seconds=10),
             last_heartbeat_at=now - STALE_FOR,
             hostname="hung-worker",
@@ -157,19 +168,23 @@ class TryOutcome:
         return None
 
 
+def task_callback_requests(session: Session) -> list[Any]:
+    """Every stored ``TaskCallbackRequest`` (the sink stores Dag callbacks and email requests too)."""
+    from airflow.models.db_callback_request import DbCallbackRequest
+
+    requests = (row.get_callback_request() for row in session.scalars(select(DbCallbackRequest)))
+    return [request for request in requests if type(request).__name__ == "TaskCallbackRequest"]
+
+
 def callbacks_per_try(session: Session) -> dict[Any, int]:
     """
     Stored task callback requests, counted per task instance id. The scenarios here have one try per
     task instance (no retries), and a 3.4 try has an id of its own anyway.
     """
-    from airflow.models.db_callback_request import DbCallbackRequest
-
     counts: dict[Any, int] = {}
-    for row in session.scalars(select(DbCallbackRequest)):
-        request = row.get_callback_request()
-        if type(request).__name__ == "TaskCallbackRequest":
-            # Keyed as text: up to 3.1 the model's id is a string column, the request's a UUID.
-            counts[str(request.ti.id)] = counts.get(str(request.ti.id), 0) + 1
+    for request in task_callback_requests(session):
+        # Keyed as text: up to 3.1 the model's id is a string column, the request's a UUID.
+        counts[str(request.ti.id)] = counts.get(str(request.ti.id), 0) + 1
     return counts
 
 
@@ -263,27 +278,34 @@ class Actor(threading.Thread):
 
 
 @contextlib.contextmanager
-def lock_monitor() -> Iterator[Callable[[], int]]:
-    """A callable counting backends of this database that wait for a lock, on a connection of its own."""
+def own_connection() -> Iterator[Connection]:
+    """A connection to this database of its own, outside every pool."""
     from airflow import settings
 
     engine: Engine = create_engine(settings.engine.url, poolclass=NullPool)
     connection = engine.connect()
-
-    def waiting() -> int:
-        query = text(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE NOT l.granted AND a.datname = current_database()"
-        )
-        count = connection.execute(query).scalar_one()
-        connection.rollback()
-        return int(count)
-
     try:
-        yield waiting
+        yield connection
     finally:
         connection.close()
         engine.dispose()
+
+
+@contextlib.contextmanager
+def lock_monitor() -> Iterator[Callable[[], int]]:
+    """A callable counting backends of this database that wait for a lock, on a connection of its own."""
+    with own_connection() as connection:
+
+        def waiting() -> int:
+            query = text(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE NOT l.granted AND a.datname = current_database()"
+            )
+            count = connection.execute(query).scalar_one()
+            connection.rollback()
+            return int(count)
+
+        yield waiting
 
 
 @dataclass
@@ -485,10 +507,8 @@ def connection_killed_after_callback_for_kth(
     def terminate_scheduler_connection() -> None:
         scheduler = settings.Session()
         pid = scheduler.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
-        admin_engine = create_engine(settings.engine.url, poolclass=NullPool)
-        with admin_engine.connect() as admin:
+        with own_connection() as admin:
             admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
-        admin_engine.dispose()
 
     with on_callback_for(
         _default_executor(runner), ti_ids[k], terminate_scheduler_connection, after_sending=True
@@ -630,3 +650,332 @@ def measured_pass(runner: Any) -> PassCost:
     if error is not None:
         raise error
     return PassCost(**counts)
+
+
+# ---------------------------------------------------------------------------------------------------
+# A real scheduler killed mid-purge (kill -9), then restarted
+
+#: The try :func:`make_stale` leaves running: the one the killed scheduler was purging.
+KILLED_TRY = 1
+#: Every scheduler here scans for timed-out tries every second (the hung tries are an hour stale).
+PURGE_EVERY = 1
+#: The restarted scheduler looks for the killed one's orphans every second and declares it dead 20 s
+#: after its last heartbeat: longer than the restarted one's own silence while it resets ~100 orphans in
+#: one transaction (3-6 s; 16 s seen at a load average of 15 on 2 cores). Past that it marks its own
+#: job failed once, which changes nothing here: it holds no task instances.
+RESTART_CONFIG = {
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "20",
+    "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "1",
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+}
+#: Bounds for real processes on a busy machine: reaching one ends the run, it never hangs. Together
+#: (with SETTLE_TIMEOUT) under 400 s: a test running this gives pytest-timeout more than that, so the
+#: harness, not pytest, ends a stuck run and stops the schedulers.
+START_TIMEOUT = 90.0
+PURGE_TIMEOUT = 60.0
+RESTART_TIMEOUT = 120.0
+POLL = 0.01
+
+
+@dataclass(frozen=True)
+class KilledTry:
+    """One task instance whose try was running when its scheduler was killed, as the database says."""
+
+    task_id: str
+    #: the state of the task instance's live try (on 3.4 a reset or a retry makes a new try)
+    state: str | None
+    #: callbacks stored for the killed try
+    callbacks: int
+    #: callbacks stored for any other try of the task instance (none ever ran)
+    stray_callbacks: int
+
+    def problem(self, *, settled: bool) -> str | None:
+        """
+        What is inconsistent: a callback must go with its try's failure (FAILED, or UP_FOR_RETRY with
+        the next try allocated), once; a try reset by adoption has none. ``settled``: the dead
+        scheduler's tries must all have been dealt with (after the restart), not only be consistent.
+        """
+        from airflow.utils.state import TaskInstanceState
+
+        if self.stray_callbacks:
+            return f"{self.stray_callbacks} callback(s) for a try that never ran"
+        if self.state in (TaskInstanceState.RUNNING, TaskInstanceState.RESTARTING):
+            if self.callbacks:
+                return f"{self.callbacks} callback(s) stored while its try is still {self.state} (orphan)"
+            return f"still {self.state}: neither converged nor reset by adoption" if settled else None
+        if self.state in (TaskInstanceState.FAILED, TaskInstanceState.UP_FOR_RETRY):
+            if self.callbacks != 1:
+                return f"{self.state} with {self.callbacks} callbacks for its try (one expected)"
+            return None
+        if self.state is None:
+            if self.callbacks:
+                return f"reset by adoption, yet {self.callbacks} callback(s) for the reset try (orphan)"
+            return None
+        return f"unexpected state {self.state}"
+
+
+@dataclass
+class SchedulerKill:
+    """What :func:`kill_scheduler_mid_purge` saw."""
+
+    batch: int
+    callbacks_at_kill: int
+    at_kill: list[KilledTry]
+    #: why the scheduler died before it could be killed (it crashed), if it did
+    died_by_itself: str | None
+    #: what kept the restarted scheduler from dealing with the dead one's tries, if anything
+    restart_failed: str | None
+    after_restart: list[KilledTry]
+    #: seconds from the start to each step: the scheduler up, killed, the restarted one up, all dealt with
+    timeline: dict[str, float]
+
+    def problems(self) -> list[str]:
+        found = [f"the scheduler {self.died_by_itself}"] if self.died_by_itself else []
+        found += [f"at the kill, {t.task_id}: {p}" for t in self.at_kill if (p := t.problem(settled=False))]
+        found += [f"the restarted scheduler {self.restart_failed}"] if self.restart_failed else []
+        found += [f"{t.task_id}: {p}" for t in self.after_restart if (p := t.problem(settled=True))]
+        return found
+
+    def verdict(self, shown: int = 8) -> str:
+        """The summary, then the first ``shown`` problems."""
+        problems = self.problems()
+        more = [f"(+{len(problems) - shown} more)"] if len(problems) > shown else []
+        return "\n".join([self.summary(), *problems[:shown], *more])
+
+    def summary(self) -> str:
+        from collections import Counter
+
+        ends = Counter(str(t.state) for t in self.after_restart)
+        died = self.died_by_itself or f"killed with {self.callbacks_at_kill} of {self.batch} callbacks stored"
+        steps = ", ".join(f"{step} {at:.1f}" for step, at in self.timeline.items())
+        return (
+            f"scheduler {died}; after the restart: {sum(t.callbacks for t in self.after_restart)} "
+            f"callbacks, live states {dict(sorted(ends.items()))}; seconds: {steps}"
+        )
+
+
+def kill_scheduler_mid_purge(
+    tis: list[Any], session: Session, *, home: Path, kill_at: int, fix_enabled: bool
+) -> SchedulerKill:
+    """
+    ``airflow scheduler`` (LocalExecutor, the package activated through its entry point when
+    ``fix_enabled``) is handed ``tis`` (one Dag run) as its hung tries; once ``kill_at`` of their
+    callbacks are stored, and not all, its whole process group gets SIGKILL, as in a host crash. A
+    second scheduler then starts and, once the dead one's heartbeat is stale, adopts or resets its
+    RUNNING task instances. LocalExecutor adopts none, so each is reset: up to 3.3 its try goes to the
+    history table and its state is cleared; 3.4 archives the try and adds the next one, with no state.
+    Tries the dead scheduler failed are left alone. Nothing is mocked; the schedulers' output is in
+    ``home/*.log``.
+    """
+    import uuid
+
+    from airflow_heartbeat_fix.demo.processes import Processes
+
+    dag_id, run_id, batch = tis[0].dag_id, tis[0].run_id, len(tis)
+    procs = Processes(marker=f"hbfix-kill-{uuid.uuid4()}")
+    started, timeline = time.monotonic(), dict[str, float]()
+    try:
+        first = _start_scheduler(procs, "killed-scheduler", home, fix_enabled=fix_enabled)
+        job_id = _scheduler_job(procs, first, known=set())
+        timeline["up"] = time.monotonic() - started
+        _check_activation(first, fix_enabled)
+        make_stale_for_job(tis, job_id, session)
+        died_by_itself = _kill_mid_purge(procs, first, kill_at, batch)
+        _wait_for_other_backends()
+        timeline["died"] = time.monotonic() - started
+        at_kill = _killed_tries(dag_id, run_id)
+        second = _start_scheduler(
+            procs, "restarted-scheduler", home, fix_enabled=fix_enabled, **RESTART_CONFIG
+        )
+        _scheduler_job(procs, second, known={job_id})
+        timeline["restarted"] = time.monotonic() - started
+        restart_failed = _wait_until_dealt_with(procs, second, dag_id, run_id)
+        procs.stop_all()
+        timeline["done"] = time.monotonic() - started
+        after_restart = _killed_tries(dag_id, run_id)
+    finally:
+        procs.stop_all()
+    return SchedulerKill(
+        batch=batch,
+        callbacks_at_kill=sum(t.callbacks for t in at_kill),
+        at_kill=at_kill,
+        died_by_itself=died_by_itself,
+        restart_failed=restart_failed,
+        after_restart=after_restart,
+        timeline=timeline,
+    )
+
+
+def _start_scheduler(
+    procs: Processes, name: str, home: Path, *, fix_enabled: bool, **config: str
+) -> Component:
+    """``airflow scheduler`` in ``home``, in a process group of its own, without this process's config."""
+    import secrets
+
+    from airflow import settings
+
+    from airflow_heartbeat_fix.demo.processes import free_port
+    from airflow_heartbeat_fix.demo.run import (
+        airflow_env,
+        airflow_executable,
+        airflow_is_compiled,
+        bytecode_env,
+    )
+
+    if settings.engine is None:
+        raise RuntimeError("Airflow's metadata database is not configured in this process")
+    for sub in ("dags", "tmp"):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+    env = airflow_env(
+        dict(os.environ),
+        home=home,
+        database_url=settings.engine.url.render_as_string(hide_password=False),
+        api_port=free_port(),
+        fix_enabled=fix_enabled,
+        heartbeat_timeout=int(STALE_FOR.total_seconds() / 2),
+        detection_interval=PURGE_EVERY,
+        jwt_secret=secrets.token_urlsafe(32),
+    )
+    env = bytecode_env(env, airflow_compiled=airflow_is_compiled(), cache_dir=home / "pycache")
+    argv = [str(airflow_executable()), "scheduler", "--skip-serve-logs"]
+    return procs.start(name, argv, {**env, **config}, home / f"{name}.log", home)
+
+
+def _scheduler_job(procs: Processes, scheduler: Component, *, known: set[int]) -> int:
+    """The id of the job ``scheduler`` registers (the first SchedulerJob not in ``known``)."""
+    from airflow.jobs.job import Job
+    from airflow.utils.session import create_session
+
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        with create_session(scoped=False) as reader:
+            found = reader.scalars(
+                select(Job.id).where(Job.job_type == "SchedulerJob", Job.id.not_in(known or {-1}))
+            ).first()
+        if found is not None:
+            return int(found)
+        if scheduler.exit_code() is not None:
+            raise RuntimeError(f"{scheduler.name} exited before registering its job:\n{_tail(scheduler)}")
+        procs.track()
+        time.sleep(0.2)
+    raise TimeoutError(f"{scheduler.name} registered no job in {START_TIMEOUT:.0f}s:\n{_tail(scheduler)}")
+
+
+def _check_activation(scheduler: Component, fix_enabled: bool) -> None:
+    """The scheduler runs the fixes (or none of them) as asked; the log says so before the job exists."""
+    from airflow_heartbeat_fix.demo.report import find_fix_summary
+
+    fixes = find_fix_summary(scheduler.read_log())
+    if any(state == "active" for state in fixes.values()) != fix_enabled:
+        raise RuntimeError(f"{scheduler.name} with the fix {'on' if fix_enabled else 'off'} reports {fixes}")
+
+
+def _kill_mid_purge(procs: Processes, scheduler: Component, kill_at: int, batch: int) -> str | None:
+    """
+    SIGKILL ``scheduler``'s process group once ``kill_at`` callbacks (fewer than ``batch``) are stored.
+    Returns ``None`` once killed, or how it died if it died by itself first.
+    """
+    from airflow.models.db_callback_request import DbCallbackRequest
+    from airflow.utils.session import create_session
+    from sqlalchemy import func
+
+    from airflow_heartbeat_fix.demo.report import find_scheduler_crash
+
+    deadline = time.monotonic() + PURGE_TIMEOUT
+    while time.monotonic() < deadline:
+        with create_session(scoped=False) as reader:
+            stored = int(reader.scalar(select(func.count()).select_from(DbCallbackRequest)) or 0)
+        if kill_at <= stored < batch:
+            scheduler.kill_group()
+            return None
+        if stored >= batch:
+            raise RuntimeError(
+                f"the purge stored all {batch} callbacks between two looks: too fast to kill mid-way"
+            )
+        if (code := scheduler.exit_code()) is not None:
+            crash = find_scheduler_crash(scheduler.read_log()) or "no crash logged"
+            return f"exited by itself (code {code}) with {stored} of {batch} callbacks stored: {crash}"
+        procs.track()
+        time.sleep(POLL)
+    raise TimeoutError(
+        f"{scheduler.name} stored no {kill_at} callbacks in {PURGE_TIMEOUT:.0f}s:\n{_tail(scheduler)}"
+    )
+
+
+def _wait_for_other_backends() -> None:
+    """
+    Until no other connection to this database is inside a statement or transaction: a killed client's
+    backend finishes what it was running (a commit already sent still commits), then exits.
+    """
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND backend_type = 'client backend' AND state <> 'idle'"
+    )
+    with own_connection() as connection:
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while connection.execute(query).scalar_one():
+            connection.rollback()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the killed scheduler's connections still busy after {SETTLE_TIMEOUT}s")
+            time.sleep(POLL)
+
+
+def _killed_tries(dag_id: str, run_id: str) -> list[KilledTry]:
+    """Each task instance of the run: its live try's state, and the callbacks stored per try."""
+    from collections import Counter
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session(scoped=False) as reader:
+        live = reader.execute(
+            select(TaskInstance.task_id, TaskInstance.state).where(
+                TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id
+            )
+        ).all()
+        requests = task_callback_requests(reader)
+    states = dict(live)
+    if len(states) != len(live):
+        raise RuntimeError(f"more than one live try per task instance in {dag_id}/{run_id}")
+    callbacks = Counter(
+        (request.ti.task_id, request.ti.try_number)
+        for request in requests
+        if (request.ti.dag_id, request.ti.run_id) == (dag_id, run_id)
+    )
+    return [
+        KilledTry(
+            task_id=task_id,
+            state=state,
+            callbacks=callbacks[(task_id, KILLED_TRY)],
+            stray_callbacks=sum(
+                n for (task, tn), n in callbacks.items() if task == task_id and tn != KILLED_TRY
+            ),
+        )
+        for task_id, state in sorted(states.items())
+    ]
+
+
+def _wait_until_dealt_with(procs: Processes, scheduler: Component, dag_id: str, run_id: str) -> str | None:
+    """
+    Until no try of the run is RUNNING any more, then two scan intervals more (for anything the
+    restarted scheduler would still do to them). What went wrong instead, or ``None``.
+    """
+    from airflow.utils.state import TaskInstanceState
+
+    deadline = time.monotonic() + RESTART_TIMEOUT
+    running = (TaskInstanceState.RUNNING, TaskInstanceState.RESTARTING)
+    while any(t.state in running for t in _killed_tries(dag_id, run_id)):
+        if (code := scheduler.exit_code()) is not None:
+            return f"exited (code {code}) before it dealt with the killed one's tries:\n{_tail(scheduler)}"
+        if time.monotonic() > deadline:
+            return f"left tries running for {RESTART_TIMEOUT:.0f}s"
+        procs.track()
+        time.sleep(0.2)
+    time.sleep(2 * PURGE_EVERY)
+    if (code := scheduler.exit_code()) is not None:
+        return f"exited (code {code}):\n{_tail(scheduler)}"
+    return None
+
+
+def _tail(component: Component, lines: int = 30) -> str:
+    return "\n".join(component.read_log().splitlines()[-lines:])

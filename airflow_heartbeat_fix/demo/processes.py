@@ -75,6 +75,11 @@ class Component:
         except OSError:
             return ""
 
+    def kill_group(self) -> None:
+        """SIGKILL the command's whole process group at once, as a host or container crash would."""
+        _signal_group(self.popen.pid, signal.SIGKILL)
+        self.popen.wait()
+
 
 @dataclass
 class Processes:

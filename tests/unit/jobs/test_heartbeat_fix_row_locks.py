@@ -10,6 +10,9 @@ code against another actor with its own database connection, in a fixed interlea
 the other actor go, and goes on once that actor has finished or waits for a row lock). Row locks
 need PostgreSQL: SQLite has none.
 
+:class:`TestSchedulerKilledMidPurge` crashes a real ``airflow scheduler`` process instead (SIGKILL
+mid-purge) and restarts one: a callback is stored together with its try's failure or not at all.
+
 Stock runs must fail where ``parity/expectations.toml`` says the bugs are; fixed runs pass everywhere.
 """
 
@@ -19,18 +22,21 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from airflow.models.dag import DagModel
 from airflow.models.db_callback_request import DbCallbackRequest
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.utils.session import create_session
-from sqlalchemy import delete
+from sqlalchemy import delete, update
 from sqlalchemy.exc import OperationalError
 from tests_common.test_utils.db import clear_db_callbacks, clear_db_jobs, clear_db_logs, clear_db_runs
 
+from airflow_heartbeat_fix.activation import is_enabled
 from airflow_heartbeat_fix.scheduler import _typed_task_callbacks, changed_since_scan
 from tests import purge_race_harness as harness
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
     from sqlalchemy.orm import Session
     from tests_common.pytest_plugin import DagMaker
@@ -50,14 +56,16 @@ def _clean_db() -> None:
         session.execute(delete(DbCallbackRequest))
 
 
-@pytest.mark.backend("postgres")
-class TestHeartbeatPurgeRowLocks:
-    @pytest.fixture(autouse=True)
-    def per_test(self) -> Iterator[None]:
-        _clean_db()
-        yield
-        _clean_db()
+@pytest.fixture
+def clean_db() -> Iterator[None]:
+    _clean_db()
+    yield
+    _clean_db()
 
+
+@pytest.mark.backend("postgres")
+@pytest.mark.usefixtures("clean_db")
+class TestHeartbeatPurgeRowLocks:
     @pytest.fixture
     def runner(self, session: Session) -> Any:
         return harness.new_runner(session)
@@ -127,6 +135,45 @@ class TestHeartbeatPurgeRowLocks:
         assert isinstance(error, OperationalError), "the purge never noticed its connection was gone"
         assert half_done == []
         assert harness.problems(results) == []
+
+
+#: Task instances a real scheduler is purging when it is killed: enough that its purge takes a while
+#: (half a second even on stock 3.3, which commits only the callbacks), so the test sees it mid-way. It
+#: is killed halfway, not sooner: each task instance left unpurged costs the restart a reset (~60 ms).
+KILLED_BATCH = 200
+
+
+@pytest.mark.backend("postgres")
+@pytest.mark.usefixtures("clean_db")
+class TestSchedulerKilledMidPurge:
+    # Above the harness's own bounds: it stops the schedulers it started even when a run gets stuck.
+    @pytest.mark.timeout(480)
+    def test_no_orphan_or_duplicate_callback_after_kill_and_restart(
+        self, dag_maker: DagMaker, session: Session, tmp_path: Path
+    ) -> None:
+        """
+        ``kill -9`` of a real ``airflow scheduler`` halfway through its purge of 200 hung tries (every
+        other task has a retry left), then a restart. Every stored callback goes with its try's failure,
+        once; every try the dead scheduler did not reach is reset by the new one's adoption, without one.
+        """
+        with dag_maker(dag_id="heartbeat_fix_scheduler_kill", schedule=None, session=session):
+            for index in range(KILLED_BATCH):
+                EmptyOperator(task_id=f"hung_{index:03d}", retries=index % 2)
+        dag_run = dag_maker.create_dagrun()
+        # Paused, so the restarted scheduler leaves the task instances it resets alone: no workers needed.
+        session.execute(update(DagModel).where(DagModel.dag_id == dag_run.dag_id).values(is_paused=True))
+        session.commit()
+
+        result = harness.kill_scheduler_mid_purge(
+            dag_run.get_task_instances(session=session),
+            session,
+            home=tmp_path,
+            kill_at=KILLED_BATCH // 2,
+            fix_enabled=is_enabled(),
+        )
+
+        print(result.summary())
+        assert result.problems() == [], result.verdict()
 
 
 class TestTypedTaskCallbacks:

@@ -68,21 +68,25 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def airflow_env(session: nox.Session, version: str) -> Path:
+def airflow_env(session: nox.Session, version: str, extra: str | None = None) -> Path:
     """``.venvs/airflow-<version>``'s bin directory, creating or updating the environment if needed.
+
+    ``extra`` (``celery``): the package's extra on top of ``dev``, in ``.venvs/airflow-<version>-<extra>``,
+    so the matrix's environments never carry the Celery provider.
 
     Installs when the constraints or pyproject.toml changed (a stamp holds their hash), not on every
     session: uv reinstalls an editable project each time, under the feet of a cell that is running.
     """
     from uv import find_uv_bin
 
-    uv, env = find_uv_bin(), ROOT / ".venvs" / f"airflow-{version}"
+    uv, env = find_uv_bin(), ROOT / ".venvs" / "-".join(["airflow", version, *([extra] if extra else [])])
     constraints = ROOT / "constraints" / f"airflow-{version}.txt"
-    install = [f"apache-airflow=={version}", "-e", f"{ROOT}[dev]", "-c", str(constraints)]
+    extras = ",".join(["dev", *([extra] if extra else [])])
+    install = [f"apache-airflow=={version}", "-e", f"{ROOT}[{extras}]", "-c", str(constraints)]
     stamp = hashlib.sha256(
         "\n".join([*install, constraints.read_text(), (ROOT / "pyproject.toml").read_text()]).encode()
     ).hexdigest()
-    with _locked(ROOT / ".venvs" / f".airflow-{version}.lock"):
+    with _locked(env.parent / f".{env.name}.lock"):
         if not (env / "bin" / "python").exists():
             session.run(uv, "venv", "--quiet", "--seed", "--python", sys.executable, str(env), external=True)
         if (env / ".installed").exists() and (env / ".installed").read_text() == stamp:

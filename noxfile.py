@@ -45,6 +45,8 @@ DBS = list(MATRIX["dbs"])
 MODES = list(MATRIX["modes"])
 CELLS = [*itertools.product(FULL, DBS, MODES), *itertools.product(SWEEP, ["sqlite"], MODES)]
 E2E_CELLS = [(NEWEST, "sqlite"), ("3.3.2", "sqlite"), (NEWEST, "postgres")]
+#: The demo's Celery topology (PostgreSQL, Redis, two schedulers, two workers): the crash and the duplicates.
+E2E_CELERY_VERSIONS = [NEWEST, "3.3.2"]
 #: A cell that hangs outside a test (pytest-timeout covers the tests) is killed, with its subprocesses.
 CELL_TIMEOUT = 1200
 TWINE = "6.2.0"
@@ -116,9 +118,24 @@ def cell_name(session_name: str, args: dict[str, str]) -> str:
     return "-".join(prefix + [args[key] for key in ("airflow", "db", "mode") if key in args])
 
 
-def run_pytest(session: nox.Session, version: str, cell: str, env: dict[str, str | None], *args: str) -> None:
+def redis(session: nox.Session) -> str:
+    """``scripts/redis.sh start``'s broker URL: installs and starts the local Redis."""
+    out = session.run(
+        "bash", str(ROOT / "scripts" / "redis.sh"), "start", silent=True, stderr=None, external=True
+    )
+    return str(out).strip().splitlines()[-1]
+
+
+def run_pytest(
+    session: nox.Session,
+    version: str,
+    cell: str,
+    env: dict[str, str | None],
+    *args: str,
+    extra: str | None = None,
+) -> None:
     """pytest in a fresh AIRFLOW_HOME, junit to test-results/<cell>.xml, output to <cell>.log."""
-    bin_dir = airflow_env(session, version)
+    bin_dir = airflow_env(session, version, extra)
     home = RESULTS / "cells" / cell
     shutil.rmtree(home, ignore_errors=True)
     (home / "airflow").mkdir(parents=True)
@@ -275,6 +292,19 @@ def e2e(session: nox.Session, airflow: str, db: str) -> None:
 
 
 @nox.session
+@nox.parametrize("airflow", E2E_CELERY_VERSIONS)
+def e2e_celery(session: nox.Session, airflow: str) -> None:
+    """The same end-to-end tests on the demo's ``--executor celery --schedulers 2`` (PostgreSQL, Redis)."""
+    name = f"hbfix_{CHECKOUT_TAG}_celery_{airflow.replace('.', '_')}"
+    env: dict[str, str | None] = {
+        "HEARTBEAT_FIX_DEMO_DATABASE": postgres(session, "create-db", name),
+        "HEARTBEAT_FIX_DEMO_BROKER_URL": redis(session),
+    }
+    cell = cell_name("e2e_celery", {"airflow": airflow})
+    run_pytest(session, airflow, cell, env, "-m", "e2e", "tests/e2e", extra="celery")
+
+
+@nox.session
 def parity(session: nox.Session) -> None:
     """Every mirrored test in every cell of test-results/ against parity/expectations.toml."""
     bin_dir = airflow_env(session, NEWEST)
@@ -283,7 +313,11 @@ def parity(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def demo(session: nox.Session) -> None:
-    """``airflow-heartbeat-fix demo ARGS``; ``--airflow V`` (default: the newest) picks the Airflow."""
+    """``airflow-heartbeat-fix demo ARGS``; ``--airflow V`` (default: the newest) picks the Airflow.
+
+    ``--executor celery`` runs in ``.venvs/airflow-<V>-celery``, with the local Redis as broker and, unless
+    ``--database`` names one, a fresh local PostgreSQL database (Celery cannot use SQLite).
+    """
     args, version = list(session.posargs), NEWEST
     for at, arg in enumerate(args):
         if arg.startswith("--airflow"):
@@ -292,7 +326,13 @@ def demo(session: nox.Session) -> None:
             break
     if any(arg.startswith(("--database=postgres", "postgres")) for arg in args):
         postgres(session, "start")
-    bin_dir = airflow_env(session, version)
+    celery = "--executor celery" in " ".join(args) or "--executor=celery" in args
+    if celery and not any(arg.startswith("--broker-url") for arg in args):
+        args += ["--broker-url", redis(session)]
+    if celery and not any(arg.startswith("--database") for arg in args):
+        name = f"hbfix_{CHECKOUT_TAG}_demo_celery_{version.replace('.', '_')}"
+        args += ["--database", postgres(session, "create-db", name)]
+    bin_dir = airflow_env(session, version, "celery" if celery else None)
     session.run(str(bin_dir / "airflow-heartbeat-fix"), "demo", *args, external=True)
 
 

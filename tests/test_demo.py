@@ -279,7 +279,7 @@ def test_render_table_side_by_side() -> None:
     fixed.scheduler.fixes = {"sink": "active"}
     table = report.render_table([stock, fixed])
     lines = table.splitlines()
-    assert lines[0] == "Airflow 3.4.0b2, sqlite"
+    assert lines[0] == "Airflow 3.4.0b2, sqlite, LocalExecutor, 1 scheduler"
     assert "stock ([heartbeat_fix] enabled=False)" in lines[2]
     assert "fixed ([heartbeat_fix] enabled=True)" in lines[2]
     scheduler = next(line for line in lines if line.startswith("scheduler "))

@@ -95,6 +95,8 @@ class RunResult:
     airflow_version: str
     database: str
     home: str
+    #: executor, schedulers, workers (:attr:`~airflow_heartbeat_fix.demo.run.Topology.label`)
+    topology: str = "LocalExecutor, 1 scheduler"
     scheduler: SchedulerOutcome = field(default_factory=SchedulerOutcome)
     dags: dict[str, DagOutcome] = field(default_factory=dict)
     converged: bool = False
@@ -260,6 +262,11 @@ def find_crash_time(log_text: str) -> float | None:
         return datetime.fromisoformat(stamp).timestamp()
     except ValueError:
         return None
+
+
+def celery_worker_ready(log_text: str) -> bool:
+    """Whether a Celery worker's log says it consumes its queue (Celery logs ``<name>@<host> ready.``)."""
+    return re.search(r"@\S+ ready\.", log_text) is not None
 
 
 def find_fix_summary(log_text: str) -> dict[str, str]:
@@ -506,7 +513,7 @@ def render_table(results: list[RunResult], cell_width: int = 48) -> str:
     label_width = max(len(label) for label in labels)
     head = [f"{r.label} ([heartbeat_fix] enabled={r.fix_enabled})" for r in results]
     first = results[0]
-    lines = [f"Airflow {first.airflow_version}, {first.database}", ""]
+    lines = [f"Airflow {first.airflow_version}, {first.database}, {first.topology}", ""]
     lines.append(
         "  ".join([" " * label_width, *(_clip(h, cell_width).ljust(cell_width) for h in head)]).rstrip()
     )

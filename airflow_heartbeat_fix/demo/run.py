@@ -3,9 +3,10 @@ One demo run (:class:`DemoRun`: prepare, start, trigger, watch, stop) and the pu
 
 Each run gets a fresh ``AIRFLOW_HOME`` and database, the demo Dags, and the real ``airflow api-server``
 (execution API only), ``airflow dag-processor`` and ``airflow scheduler`` (LocalExecutor) of this
-environment, with a short task heartbeat timeout. Both Dags' tasks freeze their own supervisor, so the
-scheduler fails them on heartbeat timeout. The stock run has ``AIRFLOW__HEARTBEAT_FIX__ENABLED=False``,
-the fixed run ``True``.
+environment, with a short task heartbeat timeout. A :class:`Topology` can ask for the CeleryExecutor
+instead (Redis broker, two ``airflow celery worker``) and for more than one scheduler (HA).
+Both Dags' tasks freeze their own supervisor, so the scheduler fails them on heartbeat timeout. The
+stock run has ``AIRFLOW__HEARTBEAT_FIX__ENABLED=False``, the fixed run ``True``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_heartbeat_fix.demo import report
 from airflow_heartbeat_fix.demo.email_backend import EMAIL_LOG_NAME, SUBJECT_TEMPLATE
-from airflow_heartbeat_fix.demo.processes import Processes, free_port, http_ok
+from airflow_heartbeat_fix.demo.processes import Component, Processes, free_port, http_ok
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -36,6 +37,28 @@ DAGS_PACKAGE = "airflow_heartbeat_fix.demo.dags"
 EMAIL_BACKEND = "airflow_heartbeat_fix.demo.email_backend.send_email"
 SQLITE = "sqlite"
 LABELS = ("stock", "fixed")
+LOCAL, CELERY = "local", "celery"
+#: ``--executor`` -> ``[core] executor``.
+EXECUTORS = {LOCAL: "LocalExecutor", CELERY: "CeleryExecutor"}
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Which executor and how many schedulers one run starts (Celery: ``workers`` workers on Redis)."""
+
+    executor: str = LOCAL
+    schedulers: int = 1
+    broker_url: str | None = None
+    workers: int = 2
+    #: Each frozen try holds its worker slot for good: 4 tries over 2 workers, plus room for a late one.
+    worker_concurrency: int = 3
+
+    @property
+    def label(self) -> str:
+        parts = [EXECUTORS[self.executor], f"{self.schedulers} scheduler{'s' * (self.schedulers > 1)}"]
+        if self.executor == CELERY:
+            parts.append(f"{self.workers} Celery workers")
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -54,6 +77,7 @@ class DemoConfig:
     json_path: Path | None
     html_path: Path | None = None
     reset_database: bool = False
+    topology: Topology = Topology()
 
     @property
     def db_label(self) -> str:
@@ -77,8 +101,70 @@ def db_label(database: str | None) -> str:
     return database.split(":", 1)[0].split("+", 1)[0]
 
 
-def default_home(cwd: Path, airflow_version: str, database: str | None) -> Path:
-    return cwd / ".demo" / f"{airflow_version}-{db_label(database)}"
+def default_home(cwd: Path, airflow_version: str, database: str | None, executor: str = LOCAL) -> Path:
+    suffix = "" if executor == LOCAL else f"-{executor}"
+    return cwd / ".demo" / f"{airflow_version}-{db_label(database)}{suffix}"
+
+
+def topology_refusal(topology: Topology, database: str | None) -> str | None:
+    """Why the demo cannot run this topology on this database, or None."""
+    if topology.executor not in EXECUTORS:
+        return f"--executor takes one of {', '.join(EXECUTORS)}"
+    if topology.schedulers < 1:
+        return "--schedulers takes 1 or more"
+    if db_label(database) == SQLITE and topology.executor == CELERY:
+        return "--executor celery needs a PostgreSQL --database: Airflow's CeleryExecutor cannot use SQLite"
+    if db_label(database) == SQLITE and topology.schedulers > 1:
+        return "--schedulers 2 or more needs a PostgreSQL --database: SQLite allows only one scheduler"
+    if topology.executor == CELERY and not topology.broker_url:
+        return "--executor celery needs --broker-url redis://HOST:PORT/DB (scripts/redis.sh start prints one)"
+    if topology.executor != CELERY and topology.broker_url:
+        return "--broker-url is for --executor celery"
+    return None
+
+
+def executor_env(topology: Topology, *, database_url: str, queue: str) -> dict[str, str]:
+    """
+    What :func:`airflow_env` adds for ``topology``. Celery: the run's own queue, so a worker never takes
+    a task another run (or an earlier demo) left in the broker; results in the run's metadata database.
+    """
+    env = {"AIRFLOW__CORE__EXECUTOR": EXECUTORS[topology.executor]}
+    if topology.executor == CELERY:
+        assert topology.broker_url is not None
+        env.update(
+            {
+                "AIRFLOW__CELERY__BROKER_URL": topology.broker_url,
+                "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{database_url}",
+                "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(topology.worker_concurrency),
+                "AIRFLOW__OPERATORS__DEFAULT_QUEUE": queue,
+            }
+        )
+    return env
+
+
+def component_commands(
+    topology: Topology, airflow: str, *, port: int, home: Path, queue: str
+) -> list[tuple[str, list[str]]]:
+    """``(name, argv)`` of every long-running component; schedulers are named ``scheduler*``."""
+    api = [airflow, "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1"]
+    commands = [("api-server", api), ("dag-processor", [airflow, "dag-processor"])]
+    scheduler = [airflow, "scheduler", "--skip-serve-logs"]
+    if topology.schedulers == 1:
+        commands.append(("scheduler", scheduler))
+    else:
+        commands += [(f"scheduler-{n}", scheduler) for n in range(1, topology.schedulers + 1)]
+    if topology.executor == CELERY:
+        for n in range(1, topology.workers + 1):
+            worker = [airflow, "celery", "worker", "--queues", queue]
+            worker += ["--concurrency", str(topology.worker_concurrency), "--skip-serve-logs"]
+            # Distinct hostnames and pid files: two workers on one machine and one AIRFLOW_HOME.
+            worker += ["--celery-hostname", f"worker{n}@{queue}", "--pid", str(home / f"worker-{n}.pid")]
+            commands.append((f"celery-worker-{n}", worker))
+    return commands
+
+
+def is_scheduler(name: str) -> bool:
+    return name.startswith("scheduler")
 
 
 def sqlite_url(path: Path) -> str:
@@ -479,9 +565,11 @@ class DemoRun:
         self.home = (config.home / label).resolve()
         self.database_url = config.database or sqlite_url(self.home / "airflow.db")
         self.port = free_port()
-        self.env = isolated_env(
+        self.queue = f"hbfix-demo-{label}-{uuid.uuid4().hex[:8]}"
+        base = isolated_env(
             config, self.home, fix_enabled=self.fix_enabled, database_url=self.database_url, port=self.port
         )
+        self.env = {**base, **executor_env(config.topology, database_url=self.database_url, queue=self.queue)}
         self.procs = Processes(marker=f"{label}-{uuid.uuid4()}")
         self.progress = Progress(f"{label} {config.airflow_version}")
         self.db: Db | None = None
@@ -491,6 +579,7 @@ class DemoRun:
             fix_enabled=self.fix_enabled,
             airflow_version=config.airflow_version,
             database=config.db_label,
+            topology=config.topology.label,
             home=str(self.home),
             needed_fixes=dict(features.get("needed_fixes", {})),
             emails_via_backend=bool(features.get("emails_via_backend", True)),
@@ -553,25 +642,27 @@ class DemoRun:
         mark_database_as_demo(config.database)
 
     def start(self, ready_within: float = 180.0) -> None:
-        """Start the API server, Dag processor and scheduler; wait for the API and both parsed Dags."""
-        logs, env, home = self.home / "logs", self.env, self.home
-        api = [self.airflow, "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(self.port)]
-        self.procs.start("api-server", [*api, "-w", "1"], env, logs / "api-server.out", home)
-        self.procs.start(
-            "dag-processor", [self.airflow, "dag-processor"], env, logs / "dag-processor.out", home
+        """
+        Start the API server, Dag processor, scheduler(s) and Celery workers of the topology; wait for
+        the API, both parsed Dags and every worker.
+        """
+        logs, home = self.home / "logs", self.home
+        commands = component_commands(
+            self.config.topology, self.airflow, port=self.port, home=home, queue=self.queue
         )
-        scheduler = [self.airflow, "scheduler", "--skip-serve-logs"]
-        self.procs.start("scheduler", scheduler, env, logs / "scheduler.out", home)
-        self._wait_until_ready(deadline=time.monotonic() + ready_within)
+        for name, argv in commands:
+            self.procs.start(name, argv, self.env, logs / f"{name}.out", home)
+        # A topology of six Airflow processes on two cores starts slowly.
+        self._wait_until_ready(deadline=time.monotonic() + ready_within * max(1, len(commands) / 3))
+
+    def _schedulers(self) -> list[Component]:
+        return [c for name, c in self.procs.components.items() if is_scheduler(name)]
 
     def _check_components(self) -> None:
-        for name in ("api-server", "dag-processor"):
-            component = self.procs.components[name]
+        for name, component in self.procs.components.items():
             if component.exit_code() is not None:
-                raise DemoError(f"{name} exited with code {component.exit_code()}; see {component.log_path}")
-        scheduler = self.procs.components["scheduler"]
-        if scheduler.exit_code() is not None:
-            raise DemoError(f"scheduler exited early; see {scheduler.log_path}")
+                what = "exited early" if is_scheduler(name) else f"exited with code {component.exit_code()}"
+                raise DemoError(f"{name} {what}; see {component.log_path}")
 
     def _wait_until_ready(self, deadline: float) -> None:
         assert self.db is not None
@@ -585,10 +676,15 @@ class DemoRun:
             except Exception:  # tables appear while the components start
                 parsed = set()
             missing = sorted(set(report.DAG_IDS) - parsed)
-            if api_ready and not missing:
+            workers = [
+                name
+                for name, c in self.procs.components.items()
+                if name.startswith("celery-worker") and not report.celery_worker_ready(c.read_log())
+            ]
+            if api_ready and not missing and not workers:
                 return
             waiting = [] if api_ready else ["execution API"]
-            waiting += [f"parse of {dag_id}" for dag_id in missing]
+            waiting += [f"parse of {dag_id}" for dag_id in missing] + workers
             self.progress.update("starting Airflow", "waiting for " + ", ".join(waiting))
             time.sleep(1.0)
         raise DemoError("Airflow components did not become ready in time")
@@ -609,7 +705,7 @@ class DemoRun:
         """Poll the database and the scheduler's log every second until :func:`should_stop` says why."""
         assert self.db is not None
         db, result, config = self.db, self.result, self.config
-        scheduler = self.procs.components["scheduler"]
+        schedulers = self._schedulers()
         triggered, triggered_at = self._triggered
         states: dict[tuple[str, int], str | None] = {}
         crashed_at: float | None = None
@@ -631,15 +727,18 @@ class DemoRun:
             seen = {d: (o.callbacks, o.emails, o.tries, o.run_state) for d, o in dags.items()}
             if seen != last_seen:
                 last_seen, last_change = seen, now
-            scheduler_log = scheduler.read_log()
-            result.scheduler.fixes = result.scheduler.fixes or report.find_fix_summary(scheduler_log)
-            error = report.find_scheduler_crash(scheduler_log)
-            if error is not None and crashed_at is None:
-                crashed_at = now
-                result.scheduler.crashed, result.scheduler.error = True, error
-                logged_at = report.find_crash_time(scheduler_log)
-                result.crashed_after = now - triggered if logged_at is None else logged_at - triggered_at
-            exit_code = scheduler.exit_code()
+            # Several schedulers: the first one that crashes or exits stands for all of them.
+            for scheduler in schedulers:
+                scheduler_log = scheduler.read_log()
+                result.scheduler.fixes = result.scheduler.fixes or report.find_fix_summary(scheduler_log)
+                error = report.find_scheduler_crash(scheduler_log)
+                if error is not None and crashed_at is None:
+                    crashed_at = now
+                    named = error if len(schedulers) == 1 else f"{scheduler.name}: {error}"
+                    result.scheduler.crashed, result.scheduler.error = True, named
+                    logged_at = report.find_crash_time(scheduler_log)
+                    result.crashed_after = now - triggered if logged_at is None else logged_at - triggered_at
+            exit_code = next((c.exit_code() for c in schedulers if c.exit_code() is not None), None)
             if exit_code is not None:
                 result.scheduler.alive, result.scheduler.exit_code = False, exit_code
             if crashed_at is not None:

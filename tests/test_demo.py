@@ -374,6 +374,70 @@ def test_default_home_and_db_label(tmp_path: Path) -> None:
     assert run.db_label(None) == "sqlite"
     assert run.db_label("postgresql+psycopg://u:p@h/db") == "postgresql"
     assert run.default_home(tmp_path, "3.4.0b2", None) == tmp_path / ".demo" / "3.4.0b2-sqlite"
+    pg = "postgresql://h/db"
+    assert (
+        run.default_home(tmp_path, "3.3.2", pg, run.CELERY) == tmp_path / ".demo" / "3.3.2-postgresql-celery"
+    )
+
+
+PG = "postgresql+psycopg://u:p@h/db"
+CELERY = run.Topology(executor=run.CELERY, schedulers=2, broker_url="redis://127.0.0.1:6389/0")
+
+
+@pytest.mark.parametrize(
+    ("topology", "database", "refusal"),
+    [
+        (run.Topology(), None, None),
+        (CELERY, PG, None),
+        (run.Topology(schedulers=2), PG, None),
+        (CELERY, None, "Airflow's CeleryExecutor cannot use SQLite"),
+        (run.Topology(schedulers=2), None, "SQLite allows only one scheduler"),
+        (run.Topology(executor=run.CELERY), PG, "needs --broker-url"),
+        (run.Topology(schedulers=0), PG, "--schedulers takes 1 or more"),
+    ],
+)
+def test_topology_refusal(topology: run.Topology, database: str | None, refusal: str | None) -> None:
+    found = run.topology_refusal(topology, database)
+    assert found == refusal if refusal is None else refusal in (found or "")
+
+
+def test_executor_env_celery_uses_the_runs_queue_and_database_for_results() -> None:
+    assert run.executor_env(run.Topology(), database_url=PG, queue="q") == {
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor"
+    }
+    env = run.executor_env(CELERY, database_url=PG, queue="hbfix-demo-stock-1")
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert env["AIRFLOW__CELERY__BROKER_URL"] == "redis://127.0.0.1:6389/0"
+    assert env["AIRFLOW__CELERY__RESULT_BACKEND"] == f"db+{PG}"
+    assert env["AIRFLOW__OPERATORS__DEFAULT_QUEUE"] == "hbfix-demo-stock-1"
+
+
+def test_component_commands_per_topology(tmp_path: Path) -> None:
+    local = run.component_commands(run.Topology(), "airflow", port=1, home=tmp_path, queue="q")
+    assert [name for name, _ in local] == ["api-server", "dag-processor", "scheduler"]
+    celery = run.component_commands(CELERY, "airflow", port=1, home=tmp_path, queue="q")
+    names = [name for name, _ in celery]
+    assert names == [
+        "api-server",
+        "dag-processor",
+        "scheduler-1",
+        "scheduler-2",
+        "celery-worker-1",
+        "celery-worker-2",
+    ]
+    assert [n for n in names if run.is_scheduler(n)] == ["scheduler-1", "scheduler-2"]
+    workers = [argv for name, argv in celery if name.startswith("celery-worker")]
+    hostnames = {argv[argv.index("--celery-hostname") + 1] for argv in workers}
+    pid_files = {argv[argv.index("--pid") + 1] for argv in workers}
+    assert len(hostnames) == len(pid_files) == 2
+    assert all(argv[argv.index("--queues") + 1] == "q" and "--skip-serve-logs" in argv for argv in workers)
+    assert CELERY.label == "CeleryExecutor, 2 schedulers, 2 Celery workers"
+    assert run.Topology().label == "LocalExecutor, 1 scheduler"
+
+
+def test_celery_worker_ready() -> None:
+    assert report.celery_worker_ready("[INFO/MainProcess] worker1@hbfix-demo-stock-1 ready.\n")
+    assert not report.celery_worker_ready("[INFO/MainProcess] Connected to redis://127.0.0.1:6389/0\n")
 
 
 def test_dag_sources_default_to_the_installed_package_data() -> None:
@@ -422,6 +486,9 @@ def test_prepare_home_writes_dags_and_subject_template(tmp_path: Path) -> None:
         (["--runs", "stock,broken"], "--runs takes"),
         (["--reset-database"], "--reset-database needs --database"),
         (["--dags", "/nonexistent"], "--dags /nonexistent lacks"),
+        (["--executor", "celery", "--broker-url", "redis://h/0"], "CeleryExecutor cannot use SQLite"),
+        (["--schedulers", "2"], "SQLite allows only one scheduler"),
+        (["--broker-url", "redis://h/0"], "--broker-url is for --executor celery"),
     ],
 )
 def test_bad_arguments_exit_2_before_starting_anything(

@@ -7,6 +7,7 @@ The full demo (real scheduler, Dag processor and API server, about two minutes p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -918,3 +919,53 @@ def test_html_report_of_a_recorded_3_3_run_shows_the_duplicates() -> None:
     assert len([m for m in stock.marks if m.kind != report.EMAIL]) == 4
     assert len([m for m in fixed.marks if m.kind != report.EMAIL]) == 2
     assert "scheduler crashed" not in page
+
+
+SCHEDULER_LOGS = {
+    "scheduler-1": "Setting external_executor_id for <TaskInstance: x.stall [queued] ti_id=ti-a> to c-1\n",
+    "scheduler-2": "Setting external_executor_id for <TaskInstance: y.stall [queued] ti_id=ti-b> to c-2\n",
+    "celery-worker-1": "Task execute_workload[c-2] received\n",
+    "celery-worker-2": "Task execute_workload[c-1] received\n",
+}
+
+
+def test_owners_of_a_try_from_the_logs() -> None:
+    assert report.scheduler_owning(SCHEDULER_LOGS, "ti-a") == "scheduler-1"
+    assert report.scheduler_owning(SCHEDULER_LOGS, "ti-b") == "scheduler-2"
+    assert report.scheduler_owning(SCHEDULER_LOGS, "ti-c") is None
+    assert report.worker_owning(SCHEDULER_LOGS, "c-1") == "celery-worker-2"
+    assert report.worker_owning(SCHEDULER_LOGS, "") is None
+
+
+def test_kill_target_waits_until_both_first_tries_run() -> None:
+    tis = [
+        {"dag_id": CB, "try_number": 1, "state": "running", "id": "ti-a", "external_executor_id": "c-1"},
+        {"dag_id": RETRY, "try_number": 1, "state": "queued", "id": "ti-b", "external_executor_id": "c-2"},
+    ]
+    assert run.kill_target(run.KILL_SCHEDULER, tis, SCHEDULER_LOGS) is None
+    tis[1]["state"] = "running"
+    assert run.kill_target(run.HUNG, tis, SCHEDULER_LOGS) is None
+    assert run.kill_target(run.KILL_SCHEDULER, tis, SCHEDULER_LOGS) == "scheduler-1"
+    assert run.kill_target(run.KILL_WORKER, tis, SCHEDULER_LOGS) == "celery-worker-2"
+
+
+@pytest.mark.parametrize(
+    ("topology", "refusal"),
+    [
+        (run.Topology(scenario=run.KILL_WORKER), "--scenario kill-worker needs --executor celery"),
+        (dataclasses.replace(CELERY, schedulers=1, scenario=run.KILL_SCHEDULER), "needs --schedulers 2"),
+        (dataclasses.replace(CELERY, scenario=run.KILL_SCHEDULER), None),
+    ],
+)
+def test_scenario_refusal(topology: run.Topology, refusal: str | None) -> None:
+    found = run.topology_refusal(topology, PG)
+    assert found == refusal if refusal is None else refusal in (found or "")
+
+
+def test_injected_row_only_for_kill_scenarios() -> None:
+    hung = RunResult(
+        label="fixed", fix_enabled=True, airflow_version="3.4.0b2", database="postgresql", home="h"
+    )
+    assert "injected" not in report.render_table([hung])
+    killed = dataclasses.replace(hung, scenario=run.KILL_WORKER, injected=["SIGKILL celery-worker-1 at 20 s"])
+    assert "SIGKILL celery-worker-1 at 20 s" in report.render_table([killed])

@@ -26,8 +26,10 @@ from airflow_heartbeat_fix.demo import report
 from airflow_heartbeat_fix.demo.html_report import render_html
 from airflow_heartbeat_fix.demo.run import (
     EXECUTORS,
+    HUNG,
     LABELS,
     LOCAL,
+    SCENARIOS,
     DemoConfig,
     DemoError,
     DemoRun,
@@ -115,6 +117,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--schedulers", type=int, default=1, help="schedulers running at once (HA; 2+ needs PostgreSQL)"
     )
     parser.add_argument(
+        "--scenario",
+        choices=list(SCENARIOS),
+        default=HUNG,
+        help="; ".join(f"{name}: {text}" for name, text in SCENARIOS.items())
+        + "; kills need --executor celery",
+    )
+    parser.add_argument(
         "--broker-url", help="Celery broker for --executor celery, e.g. redis://127.0.0.1:6389/0"
     )
     parser.add_argument("--heartbeat-timeout", type=int, default=10, help="seconds (default 10)")
@@ -132,7 +141,9 @@ def build_config(args: argparse.Namespace, cwd: Path) -> DemoConfig:
         raise UsageError(f"--runs takes a comma-separated subset of {', '.join(LABELS)}")
     if args.reset_database and not args.database:
         raise UsageError("--reset-database needs --database")
-    topology = Topology(executor=args.executor, schedulers=args.schedulers, broker_url=args.broker_url)
+    topology = Topology(
+        executor=args.executor, schedulers=args.schedulers, broker_url=args.broker_url, scenario=args.scenario
+    )
     refusal = topology_refusal(topology, args.database)
     if refusal is not None:
         raise UsageError(refusal)

@@ -115,6 +115,9 @@ class RunResult:
     marks: list[Mark] = field(default_factory=list)
     crashed_after: float | None = None
     watched_seconds: float = 0.0
+    #: ``--scenario``, and what it did to the components (``SIGKILL scheduler-1 at 23 s``)
+    scenario: str = "hung"
+    injected: list[str] = field(default_factory=list)
 
 
 def result_from_json(data: Mapping[str, Any]) -> RunResult:
@@ -267,6 +270,25 @@ def find_crash_time(log_text: str) -> float | None:
 def celery_worker_ready(log_text: str) -> bool:
     """Whether a Celery worker's log says it consumes its queue (Celery logs ``<name>@<host> ready.``)."""
     return re.search(r"@\S+ ready\.", log_text) is not None
+
+
+def scheduler_owning(logs: Mapping[str, str], ti_id: str) -> str | None:
+    """The scheduler whose executor sent the task instance ``ti_id`` (it logged its external executor id)."""
+    pattern = re.compile(rf"Setting external_executor_id for [^\n]*ti_id={re.escape(ti_id)}")
+    return next(
+        (name for name, text in logs.items() if name.startswith("scheduler") and pattern.search(text)), None
+    )
+
+
+def worker_owning(logs: Mapping[str, str], celery_task_id: str) -> str | None:
+    """The Celery worker that received the Celery task ``celery_task_id``."""
+    if not celery_task_id:
+        return None
+    pattern = re.compile(rf"\[{re.escape(celery_task_id)}\] received")
+    return next(
+        (name for name, text in logs.items() if name.startswith("celery-worker") and pattern.search(text)),
+        None,
+    )
 
 
 def find_fix_summary(log_text: str) -> dict[str, str]:
@@ -481,6 +503,8 @@ def result_rows(
     converge = (
         f"{result.converge_seconds:.0f} s after trigger" if result.converge_seconds is not None else "no"
     )
+    if result.scenario != "hung":
+        rows.append(("injected", "; ".join(result.injected) or "nothing (the run ended first)"))
     rows.append(("converged", converge))
     rows.append(("run time", f"{result.elapsed_seconds:.0f} s ({result.stop_reason})"))
     rows.append(("verdict", verdict_cell(result)))

@@ -40,6 +40,14 @@ LABELS = ("stock", "fixed")
 LOCAL, CELERY = "local", "celery"
 #: ``--executor`` -> ``[core] executor``.
 EXECUTORS = {LOCAL: "LocalExecutor", CELERY: "CeleryExecutor"}
+#: ``--scenario``: what happens besides the frozen supervisors. The kills come once both Dags' first
+#: tries run (frozen), and hit the component that owns the callback Dag's first try.
+HUNG, KILL_SCHEDULER, KILL_WORKER = "hung", "kill-scheduler", "kill-worker"
+SCENARIOS = {
+    HUNG: "the tasks freeze their own supervisor (default)",
+    KILL_SCHEDULER: "hung, then the scheduler that queued them is SIGKILLed; the other must adopt them",
+    KILL_WORKER: "hung, then the Celery worker running them is SIGKILLed (the OOM-kill case)",
+}
 
 
 @dataclass(frozen=True)
@@ -51,13 +59,16 @@ class Topology:
     broker_url: str | None = None
     workers: int = 2
     #: Each frozen try holds its worker slot for good: 4 tries over 2 workers, plus room for a late one.
-    worker_concurrency: int = 3
+    worker_concurrency: int = 4
+    scenario: str = HUNG
 
     @property
     def label(self) -> str:
         parts = [EXECUTORS[self.executor], f"{self.schedulers} scheduler{'s' * (self.schedulers > 1)}"]
         if self.executor == CELERY:
             parts.append(f"{self.workers} Celery workers")
+        if self.scenario != HUNG:
+            parts.append(self.scenario)
         return ", ".join(parts)
 
 
@@ -120,6 +131,12 @@ def topology_refusal(topology: Topology, database: str | None) -> str | None:
         return "--executor celery needs --broker-url redis://HOST:PORT/DB (scripts/redis.sh start prints one)"
     if topology.executor != CELERY and topology.broker_url:
         return "--broker-url is for --executor celery"
+    if topology.scenario not in SCENARIOS:
+        return f"--scenario takes one of {', '.join(SCENARIOS)}"
+    if topology.scenario != HUNG and topology.executor != CELERY:
+        return f"--scenario {topology.scenario} needs --executor celery"
+    if topology.scenario == KILL_SCHEDULER and topology.schedulers < 2:
+        return "--scenario kill-scheduler needs --schedulers 2 or more (one must survive to adopt)"
     return None
 
 
@@ -139,6 +156,9 @@ def executor_env(topology: Topology, *, database_url: str, queue: str) -> dict[s
                 "AIRFLOW__OPERATORS__DEFAULT_QUEUE": queue,
             }
         )
+    if topology.scenario == KILL_SCHEDULER:
+        # The survivor looks for a dead scheduler's tasks every 10 s instead of every 5 minutes.
+        env["AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL"] = "10"
     return env
 
 
@@ -165,6 +185,26 @@ def component_commands(
 
 def is_scheduler(name: str) -> bool:
     return name.startswith("scheduler")
+
+
+def is_celery_worker(name: str) -> bool:
+    return name.startswith("celery-worker")
+
+
+def kill_target(scenario: str, tis: list[dict[str, Any]], logs: dict[str, str]) -> str | None:
+    """
+    The component to SIGKILL now, or None: once both Dags' first tries run, the scheduler that queued
+    the callback Dag's try (it logged setting its external executor id) or the worker that received it.
+    """
+    if scenario == HUNG:
+        return None
+    first = {str(r["dag_id"]): r for r in tis if r.get("try_number") == 1}
+    if any(report.state_name(first.get(d, {}).get("state")) != "running" for d in report.DAG_IDS):
+        return None
+    ti = first[report.CALLBACK_DAG_ID]
+    if scenario == KILL_SCHEDULER:
+        return report.scheduler_owning(logs, str(ti.get("id")))
+    return report.worker_owning(logs, str(ti.get("external_executor_id") or ""))
 
 
 def sqlite_url(path: Path) -> str:
@@ -366,6 +406,9 @@ class Db:
         )
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(query, {"dag_ids": list(report.DAG_IDS)})]
+
+    def current_tis(self) -> list[dict[str, Any]]:
+        return self.rows("task_instance", ("id", "dag_id", "try_number", "state", "external_executor_id"))
 
     def serialized_dag_ids(self) -> set[str]:
         return {str(r["dag_id"]) for r in self.rows("serialized_dag", ("dag_id",))}
@@ -580,6 +623,7 @@ class DemoRun:
             airflow_version=config.airflow_version,
             database=config.db_label,
             topology=config.topology.label,
+            scenario=config.topology.scenario,
             home=str(self.home),
             needed_fixes=dict(features.get("needed_fixes", {})),
             emails_via_backend=bool(features.get("emails_via_backend", True)),
@@ -706,6 +750,7 @@ class DemoRun:
         assert self.db is not None
         db, result, config = self.db, self.result, self.config
         schedulers = self._schedulers()
+        scenario_pending = config.topology.scenario != HUNG
         triggered, triggered_at = self._triggered
         states: dict[tuple[str, int], str | None] = {}
         crashed_at: float | None = None
@@ -727,6 +772,10 @@ class DemoRun:
             seen = {d: (o.callbacks, o.emails, o.tries, o.run_state) for d, o in dags.items()}
             if seen != last_seen:
                 last_seen, last_change = seen, now
+            if scenario_pending and (victim := self._kill_target()) is not None:
+                scenario_pending = False
+                self._kill(victim, now - triggered)
+                schedulers = [s for s in schedulers if s.name != victim]
             # Several schedulers: the first one that crashes or exits stands for all of them.
             for scheduler in schedulers:
                 scheduler_log = scheduler.read_log()
@@ -769,6 +818,21 @@ class DemoRun:
             phase = "scheduler crashed; collecting callbacks" if crashed_at else run_phase(dags)
             self.progress.update(phase, report.progress_line(dags))
             time.sleep(1.0)
+
+    def _kill_target(self) -> str | None:
+        assert self.db is not None
+        try:
+            tis = self.db.current_tis()
+        except Exception:  # the database is busy for a moment: try again next second
+            return None
+        logs = {name: c.read_log() for name, c in self.procs.components.items()}
+        return kill_target(self.config.topology.scenario, tis, logs)
+
+    def _kill(self, name: str, seconds: float) -> None:
+        """SIGKILL ``name`` and everything in its process group, as the OOM killer or a node loss would."""
+        self.procs.kill(name)
+        self.result.injected.append(f"SIGKILL {name} at {seconds:.0f} s")
+        self.progress.update("injected", f"SIGKILL {name}")
 
     def stop(self) -> None:
         """Stop every process of this run (even on a second Ctrl-C) and close the database engine."""

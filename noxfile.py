@@ -304,6 +304,21 @@ def e2e_celery(session: nox.Session, airflow: str) -> None:
     run_pytest(session, airflow, cell, env, "-m", "e2e", "tests/e2e", extra="celery")
 
 
+@nox.session(default=False)
+@nox.parametrize("airflow", E2E_CELERY_VERSIONS)
+@nox.parametrize("scenario", ["kill-scheduler", "kill-worker"])
+def e2e_celery_kills(session: nox.Session, airflow: str, scenario: str) -> None:
+    """``e2e_celery`` with a scheduler or a Celery worker SIGKILLed mid-run (not in CI: 4 min each)."""
+    name = f"hbfix_{CHECKOUT_TAG}_{scenario.replace('-', '_')}_{airflow.replace('.', '_')}"
+    env: dict[str, str | None] = {
+        "HEARTBEAT_FIX_DEMO_DATABASE": postgres(session, "create-db", name),
+        "HEARTBEAT_FIX_DEMO_BROKER_URL": redis(session),
+        "HEARTBEAT_FIX_DEMO_SCENARIO": scenario,
+    }
+    cell = cell_name("e2e_celery", {"airflow": airflow, "db": scenario})
+    run_pytest(session, airflow, cell, env, "-m", "e2e", "tests/e2e", extra="celery")
+
+
 @nox.session
 def parity(session: nox.Session) -> None:
     """Every mirrored test in every cell of test-results/ against parity/expectations.toml."""

@@ -35,13 +35,11 @@ DEMO_TIMEOUT = 900
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(DEMO_TIMEOUT + 60)]
 #: ``scripts/test.sh`` sets this for its PostgreSQL e2e cell; unset, the demo uses its embedded SQLite.
 DEMO_DATABASE = os.environ.get("HEARTBEAT_FIX_DEMO_DATABASE")
-#: Set by the ``e2e_celery`` cells: the demo runs its Celery topology on this broker.
+#: Set by the ``e2e_celery`` cells: the demo runs its Celery topology on this broker, in this scenario.
 DEMO_BROKER_URL = os.environ.get("HEARTBEAT_FIX_DEMO_BROKER_URL")
-TOPOLOGY_ARGS = (
-    ["--executor", "celery", "--schedulers", "2", "--broker-url", DEMO_BROKER_URL, "--timeout", "300"]
-    if DEMO_BROKER_URL
-    else []
-)
+DEMO_SCENARIO = os.environ.get("HEARTBEAT_FIX_DEMO_SCENARIO", "hung")
+CELERY_ARGS = ["--executor", "celery", "--schedulers", "2", "--timeout", "300", "--scenario", DEMO_SCENARIO]
+TOPOLOGY_ARGS = [*CELERY_ARGS, "--broker-url", DEMO_BROKER_URL] if DEMO_BROKER_URL else []
 #: Six Airflow processes on two cores start and settle more slowly than three.
 MAX_DEMO_SECONDS = 600 if DEMO_BROKER_URL else 420
 
@@ -110,6 +108,8 @@ def test_demo_exits_zero_and_writes_both_runs(demo_run: dict[str, Any]) -> None:
     assert demo_run["elapsed"] < MAX_DEMO_SECONDS, f"demo took {demo_run['elapsed']:.0f} s"
     expected = "CeleryExecutor, 2 schedulers, 2 Celery workers" if DEMO_BROKER_URL else "LocalExecutor"
     assert all(run["topology"].startswith(expected) for run in result["runs"].values())
+    if DEMO_SCENARIO != "hung":  # the kill happened in the fixed run, before it converged
+        assert result["runs"]["fixed"]["injected"], demo_run["output"]
 
 
 def test_fixed_column_converges(demo_run: dict[str, Any]) -> None:

@@ -969,3 +969,30 @@ def test_injected_row_only_for_kill_scenarios() -> None:
     assert "injected" not in report.render_table([hung])
     killed = dataclasses.replace(hung, scenario=run.KILL_WORKER, injected=["SIGKILL celery-worker-1 at 20 s"])
     assert "SIGKILL celery-worker-1 at 20 s" in report.render_table([killed])
+
+
+def test_many_scenario_counts_one_callback_per_map_index() -> None:
+    lines = [{"dag_id": report.MANY_DAG_ID, "map_index": i, "try_number": 1} for i in (0, 1, 1)]
+    per_index = report.count_per_map_index([*lines, {"dag_id": CB, "try_number": 1}], report.MANY_DAG_ID)
+    assert per_index == {0: 1, 1: 2}
+    tries = [TryRow(f"stall[{i}]", 1, "failed", "current") for i in range(3)]
+    outcome = DagOutcome(report.MANY_DAG_ID, "failed", tries, per_map_index=per_index)
+    assert (
+        report.many_summary(outcome, 3) == "3/3 failed; callbacks: 1 x1, 1 x2+, 1 none (expected 1 per try)"
+    )
+    assert report.many_problems(outcome, 3) == [
+        f"{report.MANY_DAG_ID}: 2 task instances without exactly one callback"
+    ]
+    outcome.per_map_index = {0: 1, 1: 1, 2: 1}
+    assert report.many_problems(outcome, 3) == []
+    assert report.many_problems(None, 3) == [f"{report.MANY_DAG_ID}: no Dag run"]
+
+
+def test_mapped_rows_get_one_task_id_per_map_index() -> None:
+    assert run._mapped_task_id({"task_id": "stall", "map_index": 7})["task_id"] == "stall[7]"
+    assert run._mapped_task_id({"task_id": "stall", "map_index": -1})["task_id"] == "stall"
+    many = dataclasses.replace(CELERY, scenario=run.MANY)
+    assert report.scenario_dag_ids(many.scenario) == (*report.DAG_IDS, report.MANY_DAG_ID)
+    env = run.executor_env(many, database_url=PG, queue="q")
+    assert int(env["AIRFLOW__CELERY__WORKER_CONCURRENCY"]) * many.workers >= report.MANY_TASKS + 4
+    assert run.kill_target(run.MANY, [], {}) is None

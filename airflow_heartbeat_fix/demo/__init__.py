@@ -149,7 +149,7 @@ def build_config(args: argparse.Namespace, cwd: Path) -> DemoConfig:
         raise UsageError(refusal)
     version = installed_airflow_version()
     home = (args.home or default_home(cwd, version, args.database, topology.executor)).resolve()
-    dags_origin, dag_sources = find_dag_sources(args.dags)
+    dags_origin, dag_sources = find_dag_sources(args.dags, report.scenario_dag_ids(topology.scenario))
     return DemoConfig(
         home=home,
         database=args.database,

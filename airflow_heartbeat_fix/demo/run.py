@@ -42,12 +42,14 @@ LOCAL, CELERY = "local", "celery"
 EXECUTORS = {LOCAL: "LocalExecutor", CELERY: "CeleryExecutor"}
 #: ``--scenario``: what happens besides the frozen supervisors. The kills come once both Dags' first
 #: tries run (frozen), and hit the component that owns the callback Dag's first try.
-HUNG, KILL_SCHEDULER, KILL_WORKER = "hung", "kill-scheduler", "kill-worker"
+HUNG, KILL_SCHEDULER, KILL_WORKER, MANY = "hung", "kill-scheduler", "kill-worker", report.MANY_SCENARIO
 SCENARIOS = {
     HUNG: "the tasks freeze their own supervisor (default)",
     KILL_SCHEDULER: "hung, then the scheduler that queued them is SIGKILLed; the other must adopt them",
     KILL_WORKER: "hung, then the Celery worker running them is SIGKILLed (the OOM-kill case)",
+    MANY: f"hung, plus {report.MANY_TASKS} mapped task instances that freeze at once",
 }
+KILLS = (KILL_SCHEDULER, KILL_WORKER)
 
 
 @dataclass(frozen=True)
@@ -156,10 +158,19 @@ def executor_env(topology: Topology, *, database_url: str, queue: str) -> dict[s
                 "AIRFLOW__OPERATORS__DEFAULT_QUEUE": queue,
             }
         )
+    if topology.scenario == MANY:
+        # Every hung try holds its worker slot: room for all of them at once, on each scheduler too.
+        env["AIRFLOW__CORE__PARALLELISM"] = str(2 * report.MANY_TASKS)
+        env["AIRFLOW__CELERY__WORKER_CONCURRENCY"] = str(many_worker_concurrency(topology))
     if topology.scenario == KILL_SCHEDULER:
         # The survivor looks for a dead scheduler's tasks every 10 s instead of every 5 minutes.
         env["AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL"] = "10"
     return env
+
+
+def many_worker_concurrency(topology: Topology) -> int:
+    """Slots per worker for ``--scenario many``: the mapped tries and the four others, all hung at once."""
+    return -(-(report.MANY_TASKS + 4) // topology.workers) + 1
 
 
 def component_commands(
@@ -176,7 +187,12 @@ def component_commands(
     if topology.executor == CELERY:
         for n in range(1, topology.workers + 1):
             worker = [airflow, "celery", "worker", "--queues", queue]
-            worker += ["--concurrency", str(topology.worker_concurrency), "--skip-serve-logs"]
+            concurrency = (
+                many_worker_concurrency(topology)
+                if topology.scenario == MANY
+                else topology.worker_concurrency
+            )
+            worker += ["--concurrency", str(concurrency), "--skip-serve-logs"]
             # Distinct hostnames and pid files: two workers on one machine and one AIRFLOW_HOME.
             worker += ["--celery-hostname", f"worker{n}@{queue}", "--pid", str(home / f"worker-{n}.pid")]
             commands.append((f"celery-worker-{n}", worker))
@@ -196,7 +212,7 @@ def kill_target(scenario: str, tis: list[dict[str, Any]], logs: dict[str, str]) 
     The component to SIGKILL now, or None: once both Dags' first tries run, the scheduler that queued
     the callback Dag's try (it logged setting its external executor id) or the worker that received it.
     """
-    if scenario == HUNG:
+    if scenario not in KILLS:
         return None
     first = {str(r["dag_id"]): r for r in tis if r.get("try_number") == 1}
     if any(report.state_name(first.get(d, {}).get("state")) != "running" for d in report.DAG_IDS):
@@ -315,10 +331,12 @@ def should_stop(
 # --- locating things ------------------------------------------------------------------------------
 
 
-def find_dag_sources(explicit: Path | None) -> tuple[str, dict[str, str]]:
+def find_dag_sources(
+    explicit: Path | None, dag_ids: tuple[str, ...] = report.DAG_IDS
+) -> tuple[str, dict[str, str]]:
     """Where the demo Dags come from (``--dags``, else the installed package data), and their sources."""
     folder: Traversable | Path = explicit if explicit is not None else resources.files(DAGS_PACKAGE)
-    names = [f"{dag_id}.py" for dag_id in report.DAG_IDS]
+    names = [f"{dag_id}.py" for dag_id in dag_ids]
     missing = [name for name in names if not (folder / name).is_file()]
     if missing:
         raise UsageError(f"--dags {folder} lacks {', '.join(missing)}")
@@ -380,9 +398,10 @@ class Progress:
 class Db:
     """Read-only, short queries against one run's metadata database."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, dag_ids: tuple[str, ...] = report.DAG_IDS) -> None:
         from sqlalchemy import create_engine
 
+        self.dag_ids = dag_ids
         self.engine = create_engine(url, poolclass=_null_pool())
         self._columns: dict[str, list[str]] = {}
 
@@ -405,7 +424,7 @@ class Db:
             bindparam("dag_ids", expanding=True)
         )
         with self.engine.connect() as conn:
-            return [dict(r._mapping) for r in conn.execute(query, {"dag_ids": list(report.DAG_IDS)})]
+            return [dict(r._mapping) for r in conn.execute(query, {"dag_ids": list(self.dag_ids)})]
 
     def current_tis(self) -> list[dict[str, Any]]:
         return self.rows("task_instance", ("id", "dag_id", "try_number", "state", "external_executor_id"))
@@ -420,7 +439,7 @@ class Db:
             bindparam("dag_ids", expanding=True)
         )
         with self.engine.begin() as conn:
-            conn.execute(query, {"false": False, "dag_ids": list(report.DAG_IDS)})
+            conn.execute(query, {"false": False, "dag_ids": list(self.dag_ids)})
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -433,9 +452,10 @@ def _null_pool() -> Any:
 
 
 def read_outcomes(db: Db, home: Path) -> dict[str, report.DagOutcome]:
-    ti_cols = ("dag_id", "task_id", "try_number", "state", "working_set", "archived_reason")
-    ti_rows = db.rows("task_instance", ti_cols)
-    history = db.rows("task_instance_history", ("dag_id", "task_id", "try_number", "state"))
+    ti_cols = ("dag_id", "task_id", "map_index", "try_number", "state", "working_set", "archived_reason")
+    ti_rows = [_mapped_task_id(r) for r in db.rows("task_instance", ti_cols)]
+    history_cols = ("dag_id", "task_id", "map_index", "try_number", "state")
+    history = [_mapped_task_id(r) for r in db.rows("task_instance_history", history_cols)]
     runs = db.rows("dag_run", ("dag_id", "run_id", "state"))
     callbacks = report.parse_jsonl(_read(home / CALLBACK_LOG_NAME))
     emails = report.parse_jsonl(_read(home / EMAIL_LOG_NAME))
@@ -448,8 +468,17 @@ def read_outcomes(db: Db, home: Path) -> dict[str, report.DagOutcome]:
             tries=report.tries_from_rows(ti_rows, history, dag_id),
             callbacks=report.count_callbacks(callbacks, dag_id),
             emails=report.count_emails(emails, dag_id),
+            per_map_index=report.count_per_map_index(callbacks, dag_id),
         )
     return outcomes
+
+
+def _mapped_task_id(row: dict[str, Any]) -> dict[str, Any]:
+    """A mapped task instance's row with ``stall[7]`` as its task id, so each map index has its tries."""
+    index = row.get("map_index")
+    if index is None or int(index) < 0:
+        return row
+    return {**row, "task_id": f"{row['task_id']}[{index}]"}
 
 
 def _read(path: Path) -> str:
@@ -609,6 +638,7 @@ class DemoRun:
         self.database_url = config.database or sqlite_url(self.home / "airflow.db")
         self.port = free_port()
         self.queue = f"hbfix-demo-{label}-{uuid.uuid4().hex[:8]}"
+        self.dag_ids = report.scenario_dag_ids(config.topology.scenario)
         base = isolated_env(
             config, self.home, fix_enabled=self.fix_enabled, database_url=self.database_url, port=self.port
         )
@@ -624,6 +654,7 @@ class DemoRun:
             database=config.db_label,
             topology=config.topology.label,
             scenario=config.topology.scenario,
+            many_expected=report.MANY_TASKS if config.topology.scenario == MANY else 0,
             home=str(self.home),
             needed_fixes=dict(features.get("needed_fixes", {})),
             emails_via_backend=bool(features.get("emails_via_backend", True)),
@@ -659,7 +690,7 @@ class DemoRun:
         prepare_home(self.home, self.config.dag_sources)
         self.progress.update("preparing database", self.config.db_label)
         self.prepare_database()
-        self.db = Db(self.database_url)
+        self.db = Db(self.database_url, self.dag_ids)
 
     def prepare_database(self) -> None:
         """A copy of a migrated SQLite template, or ``airflow db reset -y`` of ``--database``."""
@@ -719,7 +750,7 @@ class DemoRun:
                 parsed = self.db.serialized_dag_ids()
             except Exception:  # tables appear while the components start
                 parsed = set()
-            missing = sorted(set(report.DAG_IDS) - parsed)
+            missing = sorted(set(self.dag_ids) - parsed)
             workers = [
                 name
                 for name, c in self.procs.components.items()
@@ -736,11 +767,11 @@ class DemoRun:
     def trigger(self) -> None:
         """Unpause (in the database) and trigger (``airflow dags trigger``, concurrently) both Dags."""
         assert self.db is not None
-        self.progress.update("triggering Dags", ", ".join(report.DAG_IDS))
+        self.progress.update("triggering Dags", ", ".join(self.dag_ids))
         self.db.unpause()
         self._triggered = time.monotonic(), time.time()
         log = self.home / "logs" / "trigger.log"
-        argvs = [[self.airflow, "dags", "trigger", dag_id] for dag_id in report.DAG_IDS]
+        argvs = [[self.airflow, "dags", "trigger", dag_id] for dag_id in self.dag_ids]
         codes = self.procs.run(argvs, self.env, log, self.home, timeout=120)
         if any(code != 0 for code in codes):
             raise DemoError(f"airflow dags trigger failed (exit codes {codes}); see {log}")
@@ -750,7 +781,7 @@ class DemoRun:
         assert self.db is not None
         db, result, config = self.db, self.result, self.config
         schedulers = self._schedulers()
-        scenario_pending = config.topology.scenario != HUNG
+        scenario_pending = config.topology.scenario in KILLS
         triggered, triggered_at = self._triggered
         states: dict[tuple[str, int], str | None] = {}
         crashed_at: float | None = None

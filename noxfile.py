@@ -3,8 +3,9 @@ The project's test runner (nox). ``bash scripts/test.sh`` runs it from a pinned 
 ``bash scripts/nox.sh -l`` lists the sessions, ``bash scripts/nox.sh -s lint`` runs one.
 
 Sessions: ``tests(airflow, db, mode)`` (the matrix), ``lint``, ``breeze_overrides``, ``e2e(airflow, db)``
-(the demo end to end, one at a time after the matrix), ``parity`` (checks test-results/ against
-parity/expectations.toml) and ``demo`` (not run by default).
+and ``e2e_celery(airflow)`` (the demo end to end, LocalExecutor and the Celery topology, one at a time
+after the matrix), ``parity`` (checks test-results/ against parity/expectations.toml), and, not run by
+default, ``demo`` and ``e2e_celery_kills(airflow, scenario)``.
 
 Every session runs in one environment per Airflow version, ``.venvs/airflow-<version>``, built with uv
 and shared by that version's cells: nox gives each session its own virtualenv, and 16 copies of Airflow

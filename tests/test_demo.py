@@ -991,6 +991,7 @@ def test_many_scenario_counts_one_callback_per_map_index() -> None:
 def test_mapped_rows_get_one_task_id_per_map_index() -> None:
     assert run._mapped_task_id({"task_id": "stall", "map_index": 7})["task_id"] == "stall[7]"
     assert run._mapped_task_id({"task_id": "stall", "map_index": -1})["task_id"] == "stall"
+    assert run._mapped_task_id({"task_id": "stall", "region_index": 3})["task_id"] == "stall[3]"  # 3.4
     many = dataclasses.replace(CELERY, scenario=run.MANY)
     assert report.scenario_dag_ids(many.scenario) == (*report.DAG_IDS, report.MANY_DAG_ID)
     env = run.executor_env(many, database_url=PG, queue="q")

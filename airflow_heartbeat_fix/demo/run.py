@@ -452,9 +452,11 @@ def _null_pool() -> Any:
 
 
 def read_outcomes(db: Db, home: Path) -> dict[str, report.DagOutcome]:
-    ti_cols = ("dag_id", "task_id", "map_index", "try_number", "state", "working_set", "archived_reason")
+    # Airflow 3.4 calls map_index region_index.
+    ti_cols: tuple[str, ...] = ("dag_id", "task_id", "map_index", "region_index", "try_number", "state")
+    ti_cols += ("working_set", "archived_reason")
     ti_rows = [_mapped_task_id(r) for r in db.rows("task_instance", ti_cols)]
-    history_cols = ("dag_id", "task_id", "map_index", "try_number", "state")
+    history_cols = ("dag_id", "task_id", "map_index", "region_index", "try_number", "state")
     history = [_mapped_task_id(r) for r in db.rows("task_instance_history", history_cols)]
     runs = db.rows("dag_run", ("dag_id", "run_id", "state"))
     callbacks = report.parse_jsonl(_read(home / CALLBACK_LOG_NAME))
@@ -475,7 +477,7 @@ def read_outcomes(db: Db, home: Path) -> dict[str, report.DagOutcome]:
 
 def _mapped_task_id(row: dict[str, Any]) -> dict[str, Any]:
     """A mapped task instance's row with ``stall[7]`` as its task id, so each map index has its tries."""
-    index = row.get("map_index")
+    index = row.get("map_index", row.get("region_index"))
     if index is None or int(index) < 0:
         return row
     return {**row, "task_id": f"{row['task_id']}[{index}]"}

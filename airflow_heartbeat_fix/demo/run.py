@@ -60,9 +60,16 @@ class Topology:
     schedulers: int = 1
     broker_url: str | None = None
     workers: int = 2
-    #: Each frozen try holds its worker slot for good: 4 tries over 2 workers, plus room for a late one.
+    #: A frozen try holds its worker slot for good: 4 tries in all, on one worker if the other is killed.
     worker_concurrency: int = 4
     scenario: str = HUNG
+
+    @property
+    def slots_per_worker(self) -> int:
+        """``worker_concurrency``; for ``--scenario many`` room for every mapped try and the four others."""
+        if self.scenario != MANY:
+            return self.worker_concurrency
+        return -(-(report.MANY_TASKS + 4) // self.workers) + 1
 
     @property
     def label(self) -> str:
@@ -154,23 +161,17 @@ def executor_env(topology: Topology, *, database_url: str, queue: str) -> dict[s
             {
                 "AIRFLOW__CELERY__BROKER_URL": topology.broker_url,
                 "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{database_url}",
-                "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(topology.worker_concurrency),
+                "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(topology.slots_per_worker),
                 "AIRFLOW__OPERATORS__DEFAULT_QUEUE": queue,
             }
         )
     if topology.scenario == MANY:
-        # Every hung try holds its worker slot: room for all of them at once, on each scheduler too.
+        # Every hung try holds a running slot: room for all of them at once, on each scheduler.
         env["AIRFLOW__CORE__PARALLELISM"] = str(2 * report.MANY_TASKS)
-        env["AIRFLOW__CELERY__WORKER_CONCURRENCY"] = str(many_worker_concurrency(topology))
     if topology.scenario == KILL_SCHEDULER:
         # The survivor looks for a dead scheduler's tasks every 10 s instead of every 5 minutes.
         env["AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL"] = "10"
     return env
-
-
-def many_worker_concurrency(topology: Topology) -> int:
-    """Slots per worker for ``--scenario many``: the mapped tries and the four others, all hung at once."""
-    return -(-(report.MANY_TASKS + 4) // topology.workers) + 1
 
 
 def component_commands(
@@ -187,12 +188,7 @@ def component_commands(
     if topology.executor == CELERY:
         for n in range(1, topology.workers + 1):
             worker = [airflow, "celery", "worker", "--queues", queue]
-            concurrency = (
-                many_worker_concurrency(topology)
-                if topology.scenario == MANY
-                else topology.worker_concurrency
-            )
-            worker += ["--concurrency", str(concurrency), "--skip-serve-logs"]
+            worker += ["--concurrency", str(topology.slots_per_worker), "--skip-serve-logs"]
             # Distinct hostnames and pid files: two workers on one machine and one AIRFLOW_HOME.
             worker += ["--celery-hostname", f"worker{n}@{queue}", "--pid", str(home / f"worker-{n}.pid")]
             commands.append((f"celery-worker-{n}", worker))
@@ -756,7 +752,7 @@ class DemoRun:
             workers = [
                 name
                 for name, c in self.procs.components.items()
-                if name.startswith("celery-worker") and not report.celery_worker_ready(c.read_log())
+                if is_celery_worker(name) and not report.celery_worker_ready(c.read_log())
             ]
             if api_ready and not missing and not workers:
                 return

@@ -3,8 +3,9 @@ The project's test runner (nox). ``bash scripts/test.sh`` runs it from a pinned 
 ``bash scripts/nox.sh -l`` lists the sessions, ``bash scripts/nox.sh -s lint`` runs one.
 
 Sessions: ``tests(airflow, db, mode)`` (the matrix), ``lint``, ``breeze_overrides``, ``e2e(airflow, db)``
-(the demo end to end, one at a time after the matrix), ``parity`` (checks test-results/ against
-parity/expectations.toml) and ``demo`` (not run by default).
+and ``e2e_celery(airflow)`` (the demo end to end, LocalExecutor and the Celery topology, one at a time
+after the matrix), ``parity`` (checks test-results/ against parity/expectations.toml), and, not run by
+default, ``demo`` and ``e2e_celery_kills(airflow, scenario)``.
 
 Every session runs in one environment per Airflow version, ``.venvs/airflow-<version>``, built with uv
 and shared by that version's cells: nox gives each session its own virtualenv, and 16 copies of Airflow
@@ -45,6 +46,8 @@ DBS = list(MATRIX["dbs"])
 MODES = list(MATRIX["modes"])
 CELLS = [*itertools.product(FULL, DBS, MODES), *itertools.product(SWEEP, ["sqlite"], MODES)]
 E2E_CELLS = [(NEWEST, "sqlite"), ("3.3.2", "sqlite"), (NEWEST, "postgres")]
+#: The demo's Celery topology (PostgreSQL, Redis, two schedulers, two workers): the crash and the duplicates.
+E2E_CELERY_VERSIONS = [NEWEST, "3.3.2"]
 #: A cell that hangs outside a test (pytest-timeout covers the tests) is killed, with its subprocesses.
 CELL_TIMEOUT = 1200
 TWINE = "6.2.0"
@@ -68,21 +71,25 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def airflow_env(session: nox.Session, version: str) -> Path:
+def airflow_env(session: nox.Session, version: str, extra: str | None = None) -> Path:
     """``.venvs/airflow-<version>``'s bin directory, creating or updating the environment if needed.
+
+    ``extra`` (``celery``): the package's extra on top of ``dev``, in ``.venvs/airflow-<version>-<extra>``,
+    so the matrix's environments never carry the Celery provider.
 
     Installs when the constraints or pyproject.toml changed (a stamp holds their hash), not on every
     session: uv reinstalls an editable project each time, under the feet of a cell that is running.
     """
     from uv import find_uv_bin
 
-    uv, env = find_uv_bin(), ROOT / ".venvs" / f"airflow-{version}"
+    uv, env = find_uv_bin(), ROOT / ".venvs" / "-".join(["airflow", version, *([extra] if extra else [])])
     constraints = ROOT / "constraints" / f"airflow-{version}.txt"
-    install = [f"apache-airflow=={version}", "-e", f"{ROOT}[dev]", "-c", str(constraints)]
+    extras = ",".join(["dev", *([extra] if extra else [])])
+    install = [f"apache-airflow=={version}", "-e", f"{ROOT}[{extras}]", "-c", str(constraints)]
     stamp = hashlib.sha256(
         "\n".join([*install, constraints.read_text(), (ROOT / "pyproject.toml").read_text()]).encode()
     ).hexdigest()
-    with _locked(ROOT / ".venvs" / f".airflow-{version}.lock"):
+    with _locked(env.parent / f".{env.name}.lock"):
         if not (env / "bin" / "python").exists():
             session.run(uv, "venv", "--quiet", "--seed", "--python", sys.executable, str(env), external=True)
         if (env / ".installed").exists() and (env / ".installed").read_text() == stamp:
@@ -112,9 +119,24 @@ def cell_name(session_name: str, args: dict[str, str]) -> str:
     return "-".join(prefix + [args[key] for key in ("airflow", "db", "mode") if key in args])
 
 
-def run_pytest(session: nox.Session, version: str, cell: str, env: dict[str, str | None], *args: str) -> None:
+def redis(session: nox.Session) -> str:
+    """``scripts/redis.sh start``'s broker URL: installs and starts the local Redis."""
+    out = session.run(
+        "bash", str(ROOT / "scripts" / "redis.sh"), "start", silent=True, stderr=None, external=True
+    )
+    return str(out).strip().splitlines()[-1]
+
+
+def run_pytest(
+    session: nox.Session,
+    version: str,
+    cell: str,
+    env: dict[str, str | None],
+    *args: str,
+    extra: str | None = None,
+) -> None:
     """pytest in a fresh AIRFLOW_HOME, junit to test-results/<cell>.xml, output to <cell>.log."""
-    bin_dir = airflow_env(session, version)
+    bin_dir = airflow_env(session, version, extra)
     home = RESULTS / "cells" / cell
     shutil.rmtree(home, ignore_errors=True)
     (home / "airflow").mkdir(parents=True)
@@ -190,17 +212,23 @@ def install_check(session: nox.Session, airflow: str) -> None:
 
     pip, not uv, because that is what operators run; ``--dry-run --report`` lists what pip would change
     in the environment built with this release's constraints. ``status -o json`` is recorded beside it.
+    The ``[celery]`` extra may add the Celery provider, and no other Airflow package.
     """
     bin_dir = airflow_env(session, airflow)
-    report = RESULTS / f"install-{airflow}.json"
-    session.run(
-        *(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"),
-        *("--dry-run", "--report", str(report), str(ROOT)),
-        external=True,
-    )
-    changed = [item["metadata"]["name"] for item in json.loads(report.read_text())["install"]]
-    if moved := [name for name in changed if name.lower().startswith("apache-airflow")]:
-        session.error(f"pip install would change Airflow {airflow}'s packages: {', '.join(moved)}")
+    for target, allowed in ((str(ROOT), set()), (f"{ROOT}[celery]", {"apache-airflow-providers-celery"})):
+        report = RESULTS / f"install-{airflow}{'-celery' if allowed else ''}.json"
+        session.run(
+            *(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"),
+            *("--dry-run", "--report", str(report), target),
+            external=True,
+        )
+        changed = [item["metadata"]["name"] for item in json.loads(report.read_text())["install"]]
+        moved = [name for name in changed if name.lower().startswith("apache-airflow")]
+        if moved := [name for name in moved if name.lower() not in allowed]:
+            session.error(
+                f"pip install {target} would change Airflow {airflow}'s packages: {', '.join(moved)}"
+            )
+        session.log(f"Airflow {airflow}: pip install {target} would install only {', '.join(changed)}")
     home = RESULTS / "cells" / f"install-{airflow}"
     home.mkdir(parents=True, exist_ok=True)
     with (RESULTS / f"status-{airflow}.json").open("w") as out:
@@ -215,7 +243,7 @@ def install_check(session: nox.Session, airflow: str) -> None:
             stdout=out,
             external=True,
         )
-    session.log(f"Airflow {airflow}: pip would install only {', '.join(changed)}; status recorded")
+    session.log(f"Airflow {airflow}: status recorded")
 
 
 @nox.session(allow_parallel=True)
@@ -271,6 +299,34 @@ def e2e(session: nox.Session, airflow: str, db: str) -> None:
 
 
 @nox.session
+@nox.parametrize("airflow", E2E_CELERY_VERSIONS)
+def e2e_celery(session: nox.Session, airflow: str) -> None:
+    """The same end-to-end tests on the demo's ``--executor celery --schedulers 2`` (PostgreSQL, Redis)."""
+    name = f"hbfix_{CHECKOUT_TAG}_celery_{airflow.replace('.', '_')}"
+    env: dict[str, str | None] = {
+        "HEARTBEAT_FIX_DEMO_DATABASE": postgres(session, "create-db", name),
+        "HEARTBEAT_FIX_DEMO_BROKER_URL": redis(session),
+    }
+    cell = cell_name("e2e_celery", {"airflow": airflow})
+    run_pytest(session, airflow, cell, env, "-m", "e2e", "tests/e2e", extra="celery")
+
+
+@nox.session(default=False)
+@nox.parametrize("airflow", E2E_CELERY_VERSIONS)
+@nox.parametrize("scenario", ["kill-scheduler", "kill-worker"])
+def e2e_celery_kills(session: nox.Session, airflow: str, scenario: str) -> None:
+    """``e2e_celery`` with a scheduler or a Celery worker SIGKILLed mid-run (not in CI: 4 min each)."""
+    name = f"hbfix_{CHECKOUT_TAG}_{scenario.replace('-', '_')}_{airflow.replace('.', '_')}"
+    env: dict[str, str | None] = {
+        "HEARTBEAT_FIX_DEMO_DATABASE": postgres(session, "create-db", name),
+        "HEARTBEAT_FIX_DEMO_BROKER_URL": redis(session),
+        "HEARTBEAT_FIX_DEMO_SCENARIO": scenario,
+    }
+    cell = cell_name("e2e_celery", {"airflow": airflow, "db": scenario})
+    run_pytest(session, airflow, cell, env, "-m", "e2e", "tests/e2e", extra="celery")
+
+
+@nox.session
 def parity(session: nox.Session) -> None:
     """Every mirrored test in every cell of test-results/ against parity/expectations.toml."""
     bin_dir = airflow_env(session, NEWEST)
@@ -279,7 +335,11 @@ def parity(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def demo(session: nox.Session) -> None:
-    """``airflow-heartbeat-fix demo ARGS``; ``--airflow V`` (default: the newest) picks the Airflow."""
+    """``airflow-heartbeat-fix demo ARGS``; ``--airflow V`` (default: the newest) picks the Airflow.
+
+    ``--executor celery`` runs in ``.venvs/airflow-<V>-celery``, with the local Redis as broker and, unless
+    ``--database`` names one, a fresh local PostgreSQL database (Celery cannot use SQLite).
+    """
     args, version = list(session.posargs), NEWEST
     for at, arg in enumerate(args):
         if arg.startswith("--airflow"):
@@ -288,7 +348,13 @@ def demo(session: nox.Session) -> None:
             break
     if any(arg.startswith(("--database=postgres", "postgres")) for arg in args):
         postgres(session, "start")
-    bin_dir = airflow_env(session, version)
+    celery = "--executor celery" in " ".join(args) or "--executor=celery" in args
+    if celery and not any(arg.startswith("--broker-url") for arg in args):
+        args += ["--broker-url", redis(session)]
+    if celery and not any(arg.startswith("--database") for arg in args):
+        name = f"hbfix_{CHECKOUT_TAG}_demo_celery_{version.replace('.', '_')}"
+        args += ["--database", postgres(session, "create-db", name)]
+    bin_dir = airflow_env(session, version, "celery" if celery else None)
     session.run(str(bin_dir / "airflow-heartbeat-fix"), "demo", *args, external=True)
 
 

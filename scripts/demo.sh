@@ -4,6 +4,8 @@
 # --airflow V (default: the newest Airflow, 3.4.0b2) picks the environment .venvs/airflow-V, built on
 # first use; every other argument goes to `airflow-heartbeat-fix demo` (this is `nox -s demo -- ARGS`).
 # With --database postgresql://..., the local PostgreSQL is started first (scripts/postgres.sh).
+# With --executor celery [--schedulers 2] [--scenario S]: the environment .venvs/airflow-V-celery, the
+# local Redis as broker (scripts/redis.sh) and, without --database, a fresh local PostgreSQL database.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

@@ -33,7 +33,16 @@ def dagbag() -> DagBag:
 def test_dags_import_without_errors(dagbag: DagBag) -> None:
     """Also: the package marker ``__init__.py`` (for package data) adds no Dag and no import error."""
     assert dagbag.import_errors == {}
-    assert set(dagbag.dag_ids) == {RETRY_DAG, CALLBACK_DAG}
+    assert set(dagbag.dag_ids) == {RETRY_DAG, CALLBACK_DAG, demo_report.MANY_DAG_ID}
+
+
+def test_many_hung_tasks_maps_as_many_task_instances_as_the_demo_expects(dagbag: DagBag) -> None:
+    """``--scenario many`` counts one callback per map index up to ``MANY_TASKS``."""
+    source = (DAGS_DIR / f"{demo_report.MANY_DAG_ID}.py").read_text(encoding="utf-8")
+    assert f"HUNG_TASKS = {demo_report.MANY_TASKS}\n" in source
+    task = dagbag.get_dag(demo_report.MANY_DAG_ID).get_task("stall")
+    assert task.retries == 0
+    assert task.on_failure_callback  # one callable, or a list of one, depending on the release
 
 
 @pytest.mark.parametrize("dag_id", [RETRY_DAG, CALLBACK_DAG])

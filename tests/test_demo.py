@@ -7,6 +7,7 @@ The full demo (real scheduler, Dag processor and API server, about two minutes p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -279,7 +280,7 @@ def test_render_table_side_by_side() -> None:
     fixed.scheduler.fixes = {"sink": "active"}
     table = report.render_table([stock, fixed])
     lines = table.splitlines()
-    assert lines[0] == "Airflow 3.4.0b2, sqlite"
+    assert lines[0] == "Airflow 3.4.0b2, sqlite, LocalExecutor, 1 scheduler"
     assert "stock ([heartbeat_fix] enabled=False)" in lines[2]
     assert "fixed ([heartbeat_fix] enabled=True)" in lines[2]
     scheduler = next(line for line in lines if line.startswith("scheduler "))
@@ -374,6 +375,70 @@ def test_default_home_and_db_label(tmp_path: Path) -> None:
     assert run.db_label(None) == "sqlite"
     assert run.db_label("postgresql+psycopg://u:p@h/db") == "postgresql"
     assert run.default_home(tmp_path, "3.4.0b2", None) == tmp_path / ".demo" / "3.4.0b2-sqlite"
+    pg = "postgresql://h/db"
+    assert (
+        run.default_home(tmp_path, "3.3.2", pg, run.CELERY) == tmp_path / ".demo" / "3.3.2-postgresql-celery"
+    )
+
+
+PG = "postgresql+psycopg://u:p@h/db"
+CELERY = run.Topology(executor=run.CELERY, schedulers=2, broker_url="redis://127.0.0.1:6389/0")
+
+
+@pytest.mark.parametrize(
+    ("topology", "database", "refusal"),
+    [
+        (run.Topology(), None, None),
+        (CELERY, PG, None),
+        (run.Topology(schedulers=2), PG, None),
+        (CELERY, None, "Airflow's CeleryExecutor cannot use SQLite"),
+        (run.Topology(schedulers=2), None, "SQLite allows only one scheduler"),
+        (run.Topology(executor=run.CELERY), PG, "needs --broker-url"),
+        (run.Topology(schedulers=0), PG, "--schedulers takes 1 or more"),
+    ],
+)
+def test_topology_refusal(topology: run.Topology, database: str | None, refusal: str | None) -> None:
+    found = run.topology_refusal(topology, database)
+    assert found == refusal if refusal is None else refusal in (found or "")
+
+
+def test_executor_env_celery_uses_the_runs_queue_and_database_for_results() -> None:
+    assert run.executor_env(run.Topology(), database_url=PG, queue="q") == {
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor"
+    }
+    env = run.executor_env(CELERY, database_url=PG, queue="hbfix-demo-stock-1")
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert env["AIRFLOW__CELERY__BROKER_URL"] == "redis://127.0.0.1:6389/0"
+    assert env["AIRFLOW__CELERY__RESULT_BACKEND"] == f"db+{PG}"
+    assert env["AIRFLOW__OPERATORS__DEFAULT_QUEUE"] == "hbfix-demo-stock-1"
+
+
+def test_component_commands_per_topology(tmp_path: Path) -> None:
+    local = run.component_commands(run.Topology(), "airflow", port=1, home=tmp_path, queue="q")
+    assert [name for name, _ in local] == ["api-server", "dag-processor", "scheduler"]
+    celery = run.component_commands(CELERY, "airflow", port=1, home=tmp_path, queue="q")
+    names = [name for name, _ in celery]
+    assert names == [
+        "api-server",
+        "dag-processor",
+        "scheduler-1",
+        "scheduler-2",
+        "celery-worker-1",
+        "celery-worker-2",
+    ]
+    assert [n for n in names if run.is_scheduler(n)] == ["scheduler-1", "scheduler-2"]
+    workers = [argv for name, argv in celery if name.startswith("celery-worker")]
+    hostnames = {argv[argv.index("--celery-hostname") + 1] for argv in workers}
+    pid_files = {argv[argv.index("--pid") + 1] for argv in workers}
+    assert len(hostnames) == len(pid_files) == 2
+    assert all(argv[argv.index("--queues") + 1] == "q" and "--skip-serve-logs" in argv for argv in workers)
+    assert CELERY.label == "CeleryExecutor, 2 schedulers, 2 Celery workers"
+    assert run.Topology().label == "LocalExecutor, 1 scheduler"
+
+
+def test_celery_worker_ready() -> None:
+    assert report.celery_worker_ready("[INFO/MainProcess] worker1@hbfix-demo-stock-1 ready.\n")
+    assert not report.celery_worker_ready("[INFO/MainProcess] Connected to redis://127.0.0.1:6389/0\n")
 
 
 def test_dag_sources_default_to_the_installed_package_data() -> None:
@@ -422,6 +487,9 @@ def test_prepare_home_writes_dags_and_subject_template(tmp_path: Path) -> None:
         (["--runs", "stock,broken"], "--runs takes"),
         (["--reset-database"], "--reset-database needs --database"),
         (["--dags", "/nonexistent"], "--dags /nonexistent lacks"),
+        (["--executor", "celery", "--broker-url", "redis://h/0"], "CeleryExecutor cannot use SQLite"),
+        (["--schedulers", "2"], "SQLite allows only one scheduler"),
+        (["--broker-url", "redis://h/0"], "--broker-url is for --executor celery"),
     ],
 )
 def test_bad_arguments_exit_2_before_starting_anything(
@@ -851,3 +919,81 @@ def test_html_report_of_a_recorded_3_3_run_shows_the_duplicates() -> None:
     assert len([m for m in stock.marks if m.kind != report.EMAIL]) == 4
     assert len([m for m in fixed.marks if m.kind != report.EMAIL]) == 2
     assert "scheduler crashed" not in page
+
+
+SCHEDULER_LOGS = {
+    "scheduler-1": "Setting external_executor_id for <TaskInstance: x.stall [queued] ti_id=ti-a> to c-1\n",
+    "scheduler-2": "Setting external_executor_id for <TaskInstance: y.stall [queued] ti_id=ti-b> to c-2\n",
+    "celery-worker-1": "Task execute_workload[c-2] received\n",
+    "celery-worker-2": "Task execute_workload[c-1] received\n",
+}
+
+
+def test_owners_of_a_try_from_the_logs() -> None:
+    assert report.scheduler_owning(SCHEDULER_LOGS, "ti-a") == "scheduler-1"
+    assert report.scheduler_owning(SCHEDULER_LOGS, "ti-b") == "scheduler-2"
+    assert report.scheduler_owning(SCHEDULER_LOGS, "ti-c") is None
+    assert report.worker_owning(SCHEDULER_LOGS, "c-1") == "celery-worker-2"
+    assert report.worker_owning(SCHEDULER_LOGS, "") is None
+
+
+def test_kill_target_waits_until_both_first_tries_run() -> None:
+    tis = [
+        {"dag_id": CB, "try_number": 1, "state": "running", "id": "ti-a", "external_executor_id": "c-1"},
+        {"dag_id": RETRY, "try_number": 1, "state": "queued", "id": "ti-b", "external_executor_id": "c-2"},
+    ]
+    assert run.kill_target(run.KILL_SCHEDULER, tis, SCHEDULER_LOGS) is None
+    tis[1]["state"] = "running"
+    assert run.kill_target(run.HUNG, tis, SCHEDULER_LOGS) is None
+    assert run.kill_target(run.KILL_SCHEDULER, tis, SCHEDULER_LOGS) == "scheduler-1"
+    assert run.kill_target(run.KILL_WORKER, tis, SCHEDULER_LOGS) == "celery-worker-2"
+
+
+@pytest.mark.parametrize(
+    ("topology", "refusal"),
+    [
+        (run.Topology(scenario=run.KILL_WORKER), "--scenario kill-worker needs --executor celery"),
+        (dataclasses.replace(CELERY, schedulers=1, scenario=run.KILL_SCHEDULER), "needs --schedulers 2"),
+        (dataclasses.replace(CELERY, scenario=run.KILL_SCHEDULER), None),
+    ],
+)
+def test_scenario_refusal(topology: run.Topology, refusal: str | None) -> None:
+    found = run.topology_refusal(topology, PG)
+    assert found == refusal if refusal is None else refusal in (found or "")
+
+
+def test_injected_row_only_for_kill_scenarios() -> None:
+    hung = RunResult(
+        label="fixed", fix_enabled=True, airflow_version="3.4.0b2", database="postgresql", home="h"
+    )
+    assert "injected" not in report.render_table([hung])
+    killed = dataclasses.replace(hung, scenario=run.KILL_WORKER, injected=["SIGKILL celery-worker-1 at 20 s"])
+    assert "SIGKILL celery-worker-1 at 20 s" in report.render_table([killed])
+
+
+def test_many_scenario_counts_one_callback_per_map_index() -> None:
+    lines = [{"dag_id": report.MANY_DAG_ID, "map_index": i, "try_number": 1} for i in (0, 1, 1)]
+    per_index = report.count_per_map_index([*lines, {"dag_id": CB, "try_number": 1}], report.MANY_DAG_ID)
+    assert per_index == {0: 1, 1: 2}
+    tries = [TryRow(f"stall[{i}]", 1, "failed", "current") for i in range(3)]
+    outcome = DagOutcome(report.MANY_DAG_ID, "failed", tries, per_map_index=per_index)
+    assert (
+        report.many_summary(outcome, 3) == "3/3 failed; callbacks: 1 x1, 1 x2+, 1 none (expected 1 per try)"
+    )
+    assert report.many_problems(outcome, 3) == [
+        f"{report.MANY_DAG_ID}: 2 task instances without exactly one callback"
+    ]
+    outcome.per_map_index = {0: 1, 1: 1, 2: 1}
+    assert report.many_problems(outcome, 3) == []
+    assert report.many_problems(None, 3) == [f"{report.MANY_DAG_ID}: no Dag run"]
+
+
+def test_mapped_rows_get_one_task_id_per_map_index() -> None:
+    assert run._mapped_task_id({"task_id": "stall", "map_index": 7})["task_id"] == "stall[7]"
+    assert run._mapped_task_id({"task_id": "stall", "map_index": -1})["task_id"] == "stall"
+    assert run._mapped_task_id({"task_id": "stall", "region_index": 3})["task_id"] == "stall[3]"  # 3.4
+    many = dataclasses.replace(CELERY, scenario=run.MANY)
+    assert report.scenario_dag_ids(many.scenario) == (*report.DAG_IDS, report.MANY_DAG_ID)
+    env = run.executor_env(many, database_url=PG, queue="q")
+    assert int(env["AIRFLOW__CELERY__WORKER_CONCURRENCY"]) * many.workers >= report.MANY_TASKS + 4
+    assert run.kill_target(run.MANY, [], {}) is None

@@ -25,10 +25,15 @@ from typing import IO, TYPE_CHECKING, Any
 from airflow_heartbeat_fix.demo import report
 from airflow_heartbeat_fix.demo.html_report import render_html
 from airflow_heartbeat_fix.demo.run import (
+    EXECUTORS,
+    HUNG,
     LABELS,
+    LOCAL,
+    SCENARIOS,
     DemoConfig,
     DemoError,
     DemoRun,
+    Topology,
     UsageError,
     airflow_executable,
     database_refusal,
@@ -39,6 +44,7 @@ from airflow_heartbeat_fix.demo.run import (
     find_dag_sources,
     installed_airflow_version,
     probe_features,
+    topology_refusal,
 )
 
 if TYPE_CHECKING:
@@ -101,6 +107,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--html", type=Path, dest="html_path", help=f"HTML timeline report (default <home>/{REPORT_NAME})"
     )
     parser.add_argument("--runs", default="stock,fixed", help="comma-separated: stock, fixed")
+    parser.add_argument(
+        "--executor",
+        choices=list(EXECUTORS),
+        default=LOCAL,
+        help="local (default), or celery: two Celery workers on --broker-url; needs a PostgreSQL --database",
+    )
+    parser.add_argument(
+        "--schedulers", type=int, default=1, help="schedulers running at once (HA; 2+ needs PostgreSQL)"
+    )
+    parser.add_argument(
+        "--scenario",
+        choices=list(SCENARIOS),
+        default=HUNG,
+        help="; ".join(f"{name}: {text}" for name, text in SCENARIOS.items())
+        + "; kills need --executor celery",
+    )
+    parser.add_argument(
+        "--broker-url", help="Celery broker for --executor celery, e.g. redis://127.0.0.1:6389/0"
+    )
     parser.add_argument("--heartbeat-timeout", type=int, default=10, help="seconds (default 10)")
     parser.add_argument("--detection-interval", type=int, default=2, help="seconds (default 2)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per run after trigger")
@@ -116,9 +141,15 @@ def build_config(args: argparse.Namespace, cwd: Path) -> DemoConfig:
         raise UsageError(f"--runs takes a comma-separated subset of {', '.join(LABELS)}")
     if args.reset_database and not args.database:
         raise UsageError("--reset-database needs --database")
+    topology = Topology(
+        executor=args.executor, schedulers=args.schedulers, broker_url=args.broker_url, scenario=args.scenario
+    )
+    refusal = topology_refusal(topology, args.database)
+    if refusal is not None:
+        raise UsageError(refusal)
     version = installed_airflow_version()
-    home = (args.home or default_home(cwd, version, args.database)).resolve()
-    dags_origin, dag_sources = find_dag_sources(args.dags)
+    home = (args.home or default_home(cwd, version, args.database, topology.executor)).resolve()
+    dags_origin, dag_sources = find_dag_sources(args.dags, report.scenario_dag_ids(topology.scenario))
     return DemoConfig(
         home=home,
         database=args.database,
@@ -134,6 +165,7 @@ def build_config(args: argparse.Namespace, cwd: Path) -> DemoConfig:
         json_path=args.json_path.absolute() if args.json_path else None,
         html_path=(args.html_path or home / REPORT_NAME).absolute(),
         reset_database=args.reset_database,
+        topology=topology,
     )
 
 
@@ -280,8 +312,8 @@ def _run(config: DemoConfig) -> int:
     previous = {sig: signal.signal(sig, _raise_keyboard_interrupt) for sig in stop_signals}
     results: list[report.RunResult] = []
     print(
-        f"demo: Airflow {config.airflow_version} ({config.db_label}), home {config.home}, "
-        f"Dags from {config.dags_origin}, heartbeat timeout {config.heartbeat_timeout} s",
+        f"demo: Airflow {config.airflow_version} ({config.db_label}; {config.topology.label}), "
+        f"home {config.home}, Dags from {config.dags_origin}, heartbeat timeout {config.heartbeat_timeout} s",
         file=sys.stderr,
     )
     try:

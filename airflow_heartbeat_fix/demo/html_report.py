@@ -253,7 +253,7 @@ def render_html(results: list[RunResult]) -> str:
             + _timeline_svg(result, try_numbers, span)
             + _counts_table(result, try_numbers)
         )
-    title = f"airflow-heartbeat-fix demo: Airflow {first.airflow_version}, {first.database}"
+    title = f"airflow-heartbeat-fix demo: Airflow {first.airflow_version}, {first.database}, {first.topology}"
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_esc(title)}</title><style>{CSS}</style></head><body>"

@@ -135,6 +135,11 @@ class Processes:
                         popen.wait()
             return [int(popen.returncode) for popen in popens]
 
+    def kill(self, name: str) -> None:
+        """SIGKILL the component ``name`` and its process group at once (what it started stays tracked)."""
+        self.track()
+        _signal_group(self.components[name].popen.pid, signal.SIGKILL)
+
     def track(self) -> None:
         """Remember every live descendant of the started processes (call it every second or so)."""
         for component in self.components.values():

@@ -19,6 +19,17 @@ if TYPE_CHECKING:
 RETRY_DAG_ID = "retry_after_heartbeat_timeout"
 CALLBACK_DAG_ID = "duplicate_heartbeat_callbacks"
 DAG_IDS = (RETRY_DAG_ID, CALLBACK_DAG_ID)
+#: ``--scenario many``: fifty mapped task instances that freeze at once, each to fail with one callback.
+MANY_DAG_ID = "many_hung_tasks"
+MANY_SCENARIO = "many"
+#: ``HUNG_TASKS`` of ``dags/many_hung_tasks.py`` (tests/test_dags.py holds them equal).
+MANY_TASKS = 50
+
+
+def scenario_dag_ids(scenario: str) -> tuple[str, ...]:
+    """The Dags a run of ``scenario`` deploys and triggers."""
+    return (*DAG_IDS, MANY_DAG_ID) if scenario == MANY_SCENARIO else DAG_IDS
+
 
 RETRY_CALLBACK = "on_retry_callback"
 FAILURE_CALLBACK = "on_failure_callback"
@@ -77,6 +88,8 @@ class DagOutcome:
     tries: list[TryRow] = field(default_factory=list)
     callbacks: dict[int, dict[str, int]] = field(default_factory=dict)
     emails: dict[int, int] = field(default_factory=dict)
+    #: mapped Dags only: map index -> callbacks recorded for it
+    per_map_index: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -95,6 +108,8 @@ class RunResult:
     airflow_version: str
     database: str
     home: str
+    #: executor, schedulers, workers (:attr:`~airflow_heartbeat_fix.demo.run.Topology.label`)
+    topology: str = "LocalExecutor, 1 scheduler"
     scheduler: SchedulerOutcome = field(default_factory=SchedulerOutcome)
     dags: dict[str, DagOutcome] = field(default_factory=dict)
     converged: bool = False
@@ -113,6 +128,11 @@ class RunResult:
     marks: list[Mark] = field(default_factory=list)
     crashed_after: float | None = None
     watched_seconds: float = 0.0
+    #: ``--scenario``, and what it did to the components (``SIGKILL scheduler-1 at 23 s``)
+    scenario: str = "hung"
+    injected: list[str] = field(default_factory=list)
+    #: ``--scenario many``: how many mapped task instances the Dag has
+    many_expected: int = 0
 
 
 def result_from_json(data: Mapping[str, Any]) -> RunResult:
@@ -126,6 +146,7 @@ def result_from_json(data: Mapping[str, Any]) -> RunResult:
             tries=[TryRow(**t) for t in dag["tries"]],
             callbacks={int(n): dict(kinds) for n, kinds in dag["callbacks"].items()},
             emails={int(n): count for n, count in dag["emails"].items()},
+            per_map_index={int(n): count for n, count in dag.get("per_map_index", {}).items()},
         )
         for dag_id, dag in data["dags"].items()
     }
@@ -224,6 +245,37 @@ def count_callbacks(lines: Iterable[Mapping[str, Any]], dag_id: str) -> dict[int
     return dict(sorted(counts.items()))
 
 
+def count_per_map_index(lines: Iterable[Mapping[str, Any]], dag_id: str) -> dict[int, int]:
+    """Callback invocations of the mapped Dag ``dag_id`` per map index (every try, every kind)."""
+    counts: dict[int, int] = {}
+    for line in lines:
+        if line.get("dag_id") == dag_id and line.get("map_index") is not None:
+            counts[int(line["map_index"])] = counts.get(int(line["map_index"]), 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def many_summary(outcome: DagOutcome, expected: int) -> str:
+    """``50/50 failed; callbacks: 50 x1, 0 x2+, 0 none``: the mapped Dag's task instances in one line."""
+    failed = sum(1 for t in outcome.tries if t.state == "failed")
+    counts = [outcome.per_map_index.get(i, 0) for i in range(expected)]
+    once, more, none = counts.count(1), sum(1 for n in counts if n > 1), counts.count(0)
+    return f"{failed}/{expected} failed; callbacks: {once} x1, {more} x2+, {none} none ({EXPECTED_PER_TRY})"
+
+
+def many_problems(outcome: DagOutcome | None, expected: int) -> list[str]:
+    """What a correct scheduler pair must do with the fifty hung task instances of ``--scenario many``."""
+    if outcome is None:
+        return [f"{MANY_DAG_ID}: no Dag run"]
+    problems = []
+    failed = sum(1 for t in outcome.tries if t.state == "failed")
+    if failed != expected:
+        problems.append(f"{MANY_DAG_ID}: {failed} of {expected} task instances failed")
+    wrong = [i for i in range(expected) if outcome.per_map_index.get(i, 0) != 1]
+    if wrong:
+        problems.append(f"{MANY_DAG_ID}: {len(wrong)} task instances without exactly one callback")
+    return problems
+
+
 def count_emails(lines: Iterable[Mapping[str, Any]], dag_id: str) -> dict[int, int]:
     """Emails (from the demo's fake email backend) about ``dag_id`` per try number."""
     counts: dict[int, int] = {}
@@ -260,6 +312,30 @@ def find_crash_time(log_text: str) -> float | None:
         return datetime.fromisoformat(stamp).timestamp()
     except ValueError:
         return None
+
+
+def celery_worker_ready(log_text: str) -> bool:
+    """Whether a Celery worker's log says it consumes its queue (Celery logs ``<name>@<host> ready.``)."""
+    return re.search(r"@\S+ ready\.", log_text) is not None
+
+
+def scheduler_owning(logs: Mapping[str, str], ti_id: str) -> str | None:
+    """The scheduler whose executor sent the task instance ``ti_id`` (it logged its external executor id)."""
+    pattern = re.compile(rf"Setting external_executor_id for [^\n]*ti_id={re.escape(ti_id)}")
+    return next(
+        (name for name, text in logs.items() if name.startswith("scheduler") and pattern.search(text)), None
+    )
+
+
+def worker_owning(logs: Mapping[str, str], celery_task_id: str) -> str | None:
+    """The Celery worker that received the Celery task ``celery_task_id``."""
+    if not celery_task_id:
+        return None
+    pattern = re.compile(rf"\[{re.escape(celery_task_id)}\] received")
+    return next(
+        (name for name, text in logs.items() if name.startswith("celery-worker") and pattern.search(text)),
+        None,
+    )
 
 
 def find_fix_summary(log_text: str) -> dict[str, str]:
@@ -356,6 +432,8 @@ def fixed_problems(result: RunResult) -> list[str]:
             problems.append(f"{CALLBACK_DAG_ID}: failed try 2 did not get exactly one callback")
         if result.emails_via_backend and outcome.emails.get(1, 0) != 1:
             problems.append(f"{CALLBACK_DAG_ID}: try 1 did not get exactly one email")
+    if result.scenario == MANY_SCENARIO:
+        problems += many_problems(result.dags.get(MANY_DAG_ID), result.many_expected)
     if not result.converged:
         problems.append(f"did not converge: {result.stop_reason}")
     if result.leftover_pids:
@@ -474,6 +552,12 @@ def result_rows(
     converge = (
         f"{result.converge_seconds:.0f} s after trigger" if result.converge_seconds is not None else "no"
     )
+    if result.scenario == MANY_SCENARIO:
+        outcome = result.dags.get(MANY_DAG_ID) or DagOutcome(MANY_DAG_ID)
+        rows.append((MANY_DAG_ID, f"Dag run {outcome.run_state or '-'}"))
+        rows.append(("  task instances", many_summary(outcome, result.many_expected)))
+    elif result.scenario != "hung":
+        rows.append(("injected", "; ".join(result.injected) or "nothing (the run ended first)"))
     rows.append(("converged", converge))
     rows.append(("run time", f"{result.elapsed_seconds:.0f} s ({result.stop_reason})"))
     rows.append(("verdict", verdict_cell(result)))
@@ -506,7 +590,7 @@ def render_table(results: list[RunResult], cell_width: int = 48) -> str:
     label_width = max(len(label) for label in labels)
     head = [f"{r.label} ([heartbeat_fix] enabled={r.fix_enabled})" for r in results]
     first = results[0]
-    lines = [f"Airflow {first.airflow_version}, {first.database}", ""]
+    lines = [f"Airflow {first.airflow_version}, {first.database}, {first.topology}", ""]
     lines.append(
         "  ".join([" " * label_width, *(_clip(h, cell_width).ljust(cell_width) for h in head)]).rstrip()
     )

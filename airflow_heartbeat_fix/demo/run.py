@@ -3,9 +3,10 @@ One demo run (:class:`DemoRun`: prepare, start, trigger, watch, stop) and the pu
 
 Each run gets a fresh ``AIRFLOW_HOME`` and database, the demo Dags, and the real ``airflow api-server``
 (execution API only), ``airflow dag-processor`` and ``airflow scheduler`` (LocalExecutor) of this
-environment, with a short task heartbeat timeout. Both Dags' tasks freeze their own supervisor, so the
-scheduler fails them on heartbeat timeout. The stock run has ``AIRFLOW__HEARTBEAT_FIX__ENABLED=False``,
-the fixed run ``True``.
+environment, with a short task heartbeat timeout. A :class:`Topology` can ask for the CeleryExecutor
+instead (Redis broker, two ``airflow celery worker``) and for more than one scheduler (HA).
+Both Dags' tasks freeze their own supervisor, so the scheduler fails them on heartbeat timeout. The
+stock run has ``AIRFLOW__HEARTBEAT_FIX__ENABLED=False``, the fixed run ``True``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_heartbeat_fix.demo import report
 from airflow_heartbeat_fix.demo.email_backend import EMAIL_LOG_NAME, SUBJECT_TEMPLATE
-from airflow_heartbeat_fix.demo.processes import Processes, free_port, http_ok
+from airflow_heartbeat_fix.demo.processes import Component, Processes, free_port, http_ok
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -36,6 +37,48 @@ DAGS_PACKAGE = "airflow_heartbeat_fix.demo.dags"
 EMAIL_BACKEND = "airflow_heartbeat_fix.demo.email_backend.send_email"
 SQLITE = "sqlite"
 LABELS = ("stock", "fixed")
+LOCAL, CELERY = "local", "celery"
+#: ``--executor`` -> ``[core] executor``.
+EXECUTORS = {LOCAL: "LocalExecutor", CELERY: "CeleryExecutor"}
+#: ``--scenario``: what happens besides the frozen supervisors. The kills come once both Dags' first
+#: tries run (frozen), and hit the component that owns the callback Dag's first try.
+HUNG, KILL_SCHEDULER, KILL_WORKER, MANY = "hung", "kill-scheduler", "kill-worker", report.MANY_SCENARIO
+SCENARIOS = {
+    HUNG: "the tasks freeze their own supervisor (default)",
+    KILL_SCHEDULER: "hung, then the scheduler that queued them is SIGKILLed; the other must adopt them",
+    KILL_WORKER: "hung, then the Celery worker running them is SIGKILLed (the OOM-kill case)",
+    MANY: f"hung, plus {report.MANY_TASKS} mapped task instances that freeze at once",
+}
+KILLS = (KILL_SCHEDULER, KILL_WORKER)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Which executor and how many schedulers one run starts (Celery: ``workers`` workers on Redis)."""
+
+    executor: str = LOCAL
+    schedulers: int = 1
+    broker_url: str | None = None
+    workers: int = 2
+    #: A frozen try holds its worker slot for good: 4 tries in all, on one worker if the other is killed.
+    worker_concurrency: int = 4
+    scenario: str = HUNG
+
+    @property
+    def slots_per_worker(self) -> int:
+        """``worker_concurrency``; for ``--scenario many`` room for every mapped try and the four others."""
+        if self.scenario != MANY:
+            return self.worker_concurrency
+        return -(-(report.MANY_TASKS + 4) // self.workers) + 1
+
+    @property
+    def label(self) -> str:
+        parts = [EXECUTORS[self.executor], f"{self.schedulers} scheduler{'s' * (self.schedulers > 1)}"]
+        if self.executor == CELERY:
+            parts.append(f"{self.workers} Celery workers")
+        if self.scenario != HUNG:
+            parts.append(self.scenario)
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -54,6 +97,7 @@ class DemoConfig:
     json_path: Path | None
     html_path: Path | None = None
     reset_database: bool = False
+    topology: Topology = Topology()
 
     @property
     def db_label(self) -> str:
@@ -77,8 +121,102 @@ def db_label(database: str | None) -> str:
     return database.split(":", 1)[0].split("+", 1)[0]
 
 
-def default_home(cwd: Path, airflow_version: str, database: str | None) -> Path:
-    return cwd / ".demo" / f"{airflow_version}-{db_label(database)}"
+def default_home(cwd: Path, airflow_version: str, database: str | None, executor: str = LOCAL) -> Path:
+    suffix = "" if executor == LOCAL else f"-{executor}"
+    return cwd / ".demo" / f"{airflow_version}-{db_label(database)}{suffix}"
+
+
+def topology_refusal(topology: Topology, database: str | None) -> str | None:
+    """Why the demo cannot run this topology on this database, or None."""
+    if topology.executor not in EXECUTORS:
+        return f"--executor takes one of {', '.join(EXECUTORS)}"
+    if topology.schedulers < 1:
+        return "--schedulers takes 1 or more"
+    if db_label(database) == SQLITE and topology.executor == CELERY:
+        return "--executor celery needs a PostgreSQL --database: Airflow's CeleryExecutor cannot use SQLite"
+    if db_label(database) == SQLITE and topology.schedulers > 1:
+        return "--schedulers 2 or more needs a PostgreSQL --database: SQLite allows only one scheduler"
+    if topology.executor == CELERY and not topology.broker_url:
+        return "--executor celery needs --broker-url redis://HOST:PORT/DB (scripts/redis.sh start prints one)"
+    if topology.executor != CELERY and topology.broker_url:
+        return "--broker-url is for --executor celery"
+    if topology.scenario not in SCENARIOS:
+        return f"--scenario takes one of {', '.join(SCENARIOS)}"
+    if topology.scenario != HUNG and topology.executor != CELERY:
+        return f"--scenario {topology.scenario} needs --executor celery"
+    if topology.scenario == KILL_SCHEDULER and topology.schedulers < 2:
+        return "--scenario kill-scheduler needs --schedulers 2 or more (one must survive to adopt)"
+    return None
+
+
+def executor_env(topology: Topology, *, database_url: str, queue: str) -> dict[str, str]:
+    """
+    What :func:`airflow_env` adds for ``topology``. Celery: the run's own queue, so a worker never takes
+    a task another run (or an earlier demo) left in the broker; results in the run's metadata database.
+    """
+    env = {"AIRFLOW__CORE__EXECUTOR": EXECUTORS[topology.executor]}
+    if topology.executor == CELERY:
+        assert topology.broker_url is not None
+        env.update(
+            {
+                "AIRFLOW__CELERY__BROKER_URL": topology.broker_url,
+                "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{database_url}",
+                "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(topology.slots_per_worker),
+                "AIRFLOW__OPERATORS__DEFAULT_QUEUE": queue,
+            }
+        )
+    if topology.scenario == MANY:
+        # Every hung try holds a running slot: room for all of them at once, on each scheduler.
+        env["AIRFLOW__CORE__PARALLELISM"] = str(2 * report.MANY_TASKS)
+    if topology.scenario == KILL_SCHEDULER:
+        # The survivor looks for a dead scheduler's tasks every 10 s instead of every 5 minutes.
+        env["AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL"] = "10"
+    return env
+
+
+def component_commands(
+    topology: Topology, airflow: str, *, port: int, home: Path, queue: str
+) -> list[tuple[str, list[str]]]:
+    """``(name, argv)`` of every long-running component; schedulers are named ``scheduler*``."""
+    api = [airflow, "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1"]
+    commands = [("api-server", api), ("dag-processor", [airflow, "dag-processor"])]
+    scheduler = [airflow, "scheduler", "--skip-serve-logs"]
+    if topology.schedulers == 1:
+        commands.append(("scheduler", scheduler))
+    else:
+        commands += [(f"scheduler-{n}", scheduler) for n in range(1, topology.schedulers + 1)]
+    if topology.executor == CELERY:
+        for n in range(1, topology.workers + 1):
+            worker = [airflow, "celery", "worker", "--queues", queue]
+            worker += ["--concurrency", str(topology.slots_per_worker), "--skip-serve-logs"]
+            # Distinct hostnames and pid files: two workers on one machine and one AIRFLOW_HOME.
+            worker += ["--celery-hostname", f"worker{n}@{queue}", "--pid", str(home / f"worker-{n}.pid")]
+            commands.append((f"celery-worker-{n}", worker))
+    return commands
+
+
+def is_scheduler(name: str) -> bool:
+    return name.startswith("scheduler")
+
+
+def is_celery_worker(name: str) -> bool:
+    return name.startswith("celery-worker")
+
+
+def kill_target(scenario: str, tis: list[dict[str, Any]], logs: dict[str, str]) -> str | None:
+    """
+    The component to SIGKILL now, or None: once both Dags' first tries run, the scheduler that queued
+    the callback Dag's try (it logged setting its external executor id) or the worker that received it.
+    """
+    if scenario not in KILLS:
+        return None
+    first = {str(r["dag_id"]): r for r in tis if r.get("try_number") == 1}
+    if any(report.state_name(first.get(d, {}).get("state")) != "running" for d in report.DAG_IDS):
+        return None
+    ti = first[report.CALLBACK_DAG_ID]
+    if scenario == KILL_SCHEDULER:
+        return report.scheduler_owning(logs, str(ti.get("id")))
+    return report.worker_owning(logs, str(ti.get("external_executor_id") or ""))
 
 
 def sqlite_url(path: Path) -> str:
@@ -189,10 +327,12 @@ def should_stop(
 # --- locating things ------------------------------------------------------------------------------
 
 
-def find_dag_sources(explicit: Path | None) -> tuple[str, dict[str, str]]:
+def find_dag_sources(
+    explicit: Path | None, dag_ids: tuple[str, ...] = report.DAG_IDS
+) -> tuple[str, dict[str, str]]:
     """Where the demo Dags come from (``--dags``, else the installed package data), and their sources."""
     folder: Traversable | Path = explicit if explicit is not None else resources.files(DAGS_PACKAGE)
-    names = [f"{dag_id}.py" for dag_id in report.DAG_IDS]
+    names = [f"{dag_id}.py" for dag_id in dag_ids]
     missing = [name for name in names if not (folder / name).is_file()]
     if missing:
         raise UsageError(f"--dags {folder} lacks {', '.join(missing)}")
@@ -254,9 +394,10 @@ class Progress:
 class Db:
     """Read-only, short queries against one run's metadata database."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, dag_ids: tuple[str, ...] = report.DAG_IDS) -> None:
         from sqlalchemy import create_engine
 
+        self.dag_ids = dag_ids
         self.engine = create_engine(url, poolclass=_null_pool())
         self._columns: dict[str, list[str]] = {}
 
@@ -279,7 +420,10 @@ class Db:
             bindparam("dag_ids", expanding=True)
         )
         with self.engine.connect() as conn:
-            return [dict(r._mapping) for r in conn.execute(query, {"dag_ids": list(report.DAG_IDS)})]
+            return [dict(r._mapping) for r in conn.execute(query, {"dag_ids": list(self.dag_ids)})]
+
+    def current_tis(self) -> list[dict[str, Any]]:
+        return self.rows("task_instance", ("id", "dag_id", "try_number", "state", "external_executor_id"))
 
     def serialized_dag_ids(self) -> set[str]:
         return {str(r["dag_id"]) for r in self.rows("serialized_dag", ("dag_id",))}
@@ -291,7 +435,7 @@ class Db:
             bindparam("dag_ids", expanding=True)
         )
         with self.engine.begin() as conn:
-            conn.execute(query, {"false": False, "dag_ids": list(report.DAG_IDS)})
+            conn.execute(query, {"false": False, "dag_ids": list(self.dag_ids)})
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -304,9 +448,12 @@ def _null_pool() -> Any:
 
 
 def read_outcomes(db: Db, home: Path) -> dict[str, report.DagOutcome]:
-    ti_cols = ("dag_id", "task_id", "try_number", "state", "working_set", "archived_reason")
-    ti_rows = db.rows("task_instance", ti_cols)
-    history = db.rows("task_instance_history", ("dag_id", "task_id", "try_number", "state"))
+    # Airflow 3.4 calls map_index region_index.
+    ti_cols: tuple[str, ...] = ("dag_id", "task_id", "map_index", "region_index", "try_number", "state")
+    ti_cols += ("working_set", "archived_reason")
+    ti_rows = [_mapped_task_id(r) for r in db.rows("task_instance", ti_cols)]
+    history_cols = ("dag_id", "task_id", "map_index", "region_index", "try_number", "state")
+    history = [_mapped_task_id(r) for r in db.rows("task_instance_history", history_cols)]
     runs = db.rows("dag_run", ("dag_id", "run_id", "state"))
     callbacks = report.parse_jsonl(_read(home / CALLBACK_LOG_NAME))
     emails = report.parse_jsonl(_read(home / EMAIL_LOG_NAME))
@@ -319,8 +466,17 @@ def read_outcomes(db: Db, home: Path) -> dict[str, report.DagOutcome]:
             tries=report.tries_from_rows(ti_rows, history, dag_id),
             callbacks=report.count_callbacks(callbacks, dag_id),
             emails=report.count_emails(emails, dag_id),
+            per_map_index=report.count_per_map_index(callbacks, dag_id),
         )
     return outcomes
+
+
+def _mapped_task_id(row: dict[str, Any]) -> dict[str, Any]:
+    """A mapped task instance's row with ``stall[7]`` as its task id, so each map index has its tries."""
+    index = row.get("map_index", row.get("region_index"))
+    if index is None or int(index) < 0:
+        return row
+    return {**row, "task_id": f"{row['task_id']}[{index}]"}
 
 
 def _read(path: Path) -> str:
@@ -479,9 +635,12 @@ class DemoRun:
         self.home = (config.home / label).resolve()
         self.database_url = config.database or sqlite_url(self.home / "airflow.db")
         self.port = free_port()
-        self.env = isolated_env(
+        self.queue = f"hbfix-demo-{label}-{uuid.uuid4().hex[:8]}"
+        self.dag_ids = report.scenario_dag_ids(config.topology.scenario)
+        base = isolated_env(
             config, self.home, fix_enabled=self.fix_enabled, database_url=self.database_url, port=self.port
         )
+        self.env = {**base, **executor_env(config.topology, database_url=self.database_url, queue=self.queue)}
         self.procs = Processes(marker=f"{label}-{uuid.uuid4()}")
         self.progress = Progress(f"{label} {config.airflow_version}")
         self.db: Db | None = None
@@ -491,6 +650,9 @@ class DemoRun:
             fix_enabled=self.fix_enabled,
             airflow_version=config.airflow_version,
             database=config.db_label,
+            topology=config.topology.label,
+            scenario=config.topology.scenario,
+            many_expected=report.MANY_TASKS if config.topology.scenario == MANY else 0,
             home=str(self.home),
             needed_fixes=dict(features.get("needed_fixes", {})),
             emails_via_backend=bool(features.get("emails_via_backend", True)),
@@ -526,7 +688,7 @@ class DemoRun:
         prepare_home(self.home, self.config.dag_sources)
         self.progress.update("preparing database", self.config.db_label)
         self.prepare_database()
-        self.db = Db(self.database_url)
+        self.db = Db(self.database_url, self.dag_ids)
 
     def prepare_database(self) -> None:
         """A copy of a migrated SQLite template, or ``airflow db reset -y`` of ``--database``."""
@@ -553,25 +715,27 @@ class DemoRun:
         mark_database_as_demo(config.database)
 
     def start(self, ready_within: float = 180.0) -> None:
-        """Start the API server, Dag processor and scheduler; wait for the API and both parsed Dags."""
-        logs, env, home = self.home / "logs", self.env, self.home
-        api = [self.airflow, "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(self.port)]
-        self.procs.start("api-server", [*api, "-w", "1"], env, logs / "api-server.out", home)
-        self.procs.start(
-            "dag-processor", [self.airflow, "dag-processor"], env, logs / "dag-processor.out", home
+        """
+        Start the API server, Dag processor, scheduler(s) and Celery workers of the topology; wait for
+        the API, both parsed Dags and every worker.
+        """
+        logs, home = self.home / "logs", self.home
+        commands = component_commands(
+            self.config.topology, self.airflow, port=self.port, home=home, queue=self.queue
         )
-        scheduler = [self.airflow, "scheduler", "--skip-serve-logs"]
-        self.procs.start("scheduler", scheduler, env, logs / "scheduler.out", home)
-        self._wait_until_ready(deadline=time.monotonic() + ready_within)
+        for name, argv in commands:
+            self.procs.start(name, argv, self.env, logs / f"{name}.out", home)
+        # A topology of six Airflow processes on two cores starts slowly.
+        self._wait_until_ready(deadline=time.monotonic() + ready_within * max(1, len(commands) / 3))
+
+    def _schedulers(self) -> list[Component]:
+        return [c for name, c in self.procs.components.items() if is_scheduler(name)]
 
     def _check_components(self) -> None:
-        for name in ("api-server", "dag-processor"):
-            component = self.procs.components[name]
+        for name, component in self.procs.components.items():
             if component.exit_code() is not None:
-                raise DemoError(f"{name} exited with code {component.exit_code()}; see {component.log_path}")
-        scheduler = self.procs.components["scheduler"]
-        if scheduler.exit_code() is not None:
-            raise DemoError(f"scheduler exited early; see {scheduler.log_path}")
+                what = "exited early" if is_scheduler(name) else f"exited with code {component.exit_code()}"
+                raise DemoError(f"{name} {what}; see {component.log_path}")
 
     def _wait_until_ready(self, deadline: float) -> None:
         assert self.db is not None
@@ -584,11 +748,16 @@ class DemoRun:
                 parsed = self.db.serialized_dag_ids()
             except Exception:  # tables appear while the components start
                 parsed = set()
-            missing = sorted(set(report.DAG_IDS) - parsed)
-            if api_ready and not missing:
+            missing = sorted(set(self.dag_ids) - parsed)
+            workers = [
+                name
+                for name, c in self.procs.components.items()
+                if is_celery_worker(name) and not report.celery_worker_ready(c.read_log())
+            ]
+            if api_ready and not missing and not workers:
                 return
             waiting = [] if api_ready else ["execution API"]
-            waiting += [f"parse of {dag_id}" for dag_id in missing]
+            waiting += [f"parse of {dag_id}" for dag_id in missing] + workers
             self.progress.update("starting Airflow", "waiting for " + ", ".join(waiting))
             time.sleep(1.0)
         raise DemoError("Airflow components did not become ready in time")
@@ -596,11 +765,11 @@ class DemoRun:
     def trigger(self) -> None:
         """Unpause (in the database) and trigger (``airflow dags trigger``, concurrently) both Dags."""
         assert self.db is not None
-        self.progress.update("triggering Dags", ", ".join(report.DAG_IDS))
+        self.progress.update("triggering Dags", ", ".join(self.dag_ids))
         self.db.unpause()
         self._triggered = time.monotonic(), time.time()
         log = self.home / "logs" / "trigger.log"
-        argvs = [[self.airflow, "dags", "trigger", dag_id] for dag_id in report.DAG_IDS]
+        argvs = [[self.airflow, "dags", "trigger", dag_id] for dag_id in self.dag_ids]
         codes = self.procs.run(argvs, self.env, log, self.home, timeout=120)
         if any(code != 0 for code in codes):
             raise DemoError(f"airflow dags trigger failed (exit codes {codes}); see {log}")
@@ -609,7 +778,8 @@ class DemoRun:
         """Poll the database and the scheduler's log every second until :func:`should_stop` says why."""
         assert self.db is not None
         db, result, config = self.db, self.result, self.config
-        scheduler = self.procs.components["scheduler"]
+        schedulers = self._schedulers()
+        scenario_pending = config.topology.scenario in KILLS
         triggered, triggered_at = self._triggered
         states: dict[tuple[str, int], str | None] = {}
         crashed_at: float | None = None
@@ -631,15 +801,22 @@ class DemoRun:
             seen = {d: (o.callbacks, o.emails, o.tries, o.run_state) for d, o in dags.items()}
             if seen != last_seen:
                 last_seen, last_change = seen, now
-            scheduler_log = scheduler.read_log()
-            result.scheduler.fixes = result.scheduler.fixes or report.find_fix_summary(scheduler_log)
-            error = report.find_scheduler_crash(scheduler_log)
-            if error is not None and crashed_at is None:
-                crashed_at = now
-                result.scheduler.crashed, result.scheduler.error = True, error
-                logged_at = report.find_crash_time(scheduler_log)
-                result.crashed_after = now - triggered if logged_at is None else logged_at - triggered_at
-            exit_code = scheduler.exit_code()
+            if scenario_pending and (victim := self._kill_target()) is not None:
+                scenario_pending = False
+                self._kill(victim, now - triggered)
+                schedulers = [s for s in schedulers if s.name != victim]
+            # Several schedulers: the first one that crashes or exits stands for all of them.
+            for scheduler in schedulers:
+                scheduler_log = scheduler.read_log()
+                result.scheduler.fixes = result.scheduler.fixes or report.find_fix_summary(scheduler_log)
+                error = report.find_scheduler_crash(scheduler_log)
+                if error is not None and crashed_at is None:
+                    crashed_at = now
+                    named = error if len(schedulers) == 1 else f"{scheduler.name}: {error}"
+                    result.scheduler.crashed, result.scheduler.error = True, named
+                    logged_at = report.find_crash_time(scheduler_log)
+                    result.crashed_after = now - triggered if logged_at is None else logged_at - triggered_at
+            exit_code = next((c.exit_code() for c in schedulers if c.exit_code() is not None), None)
             if exit_code is not None:
                 result.scheduler.alive, result.scheduler.exit_code = False, exit_code
             if crashed_at is not None:
@@ -670,6 +847,21 @@ class DemoRun:
             phase = "scheduler crashed; collecting callbacks" if crashed_at else run_phase(dags)
             self.progress.update(phase, report.progress_line(dags))
             time.sleep(1.0)
+
+    def _kill_target(self) -> str | None:
+        assert self.db is not None
+        try:
+            tis = self.db.current_tis()
+        except Exception:  # the database is busy for a moment: try again next second
+            return None
+        logs = {name: c.read_log() for name, c in self.procs.components.items()}
+        return kill_target(self.config.topology.scenario, tis, logs)
+
+    def _kill(self, name: str, seconds: float) -> None:
+        """SIGKILL ``name`` and everything in its process group, as the OOM killer or a node loss would."""
+        self.procs.kill(name)
+        self.result.injected.append(f"SIGKILL {name} at {seconds:.0f} s")
+        self.progress.update("injected", f"SIGKILL {name}")
 
     def stop(self) -> None:
         """Stop every process of this run (even on a second Ctrl-C) and close the database engine."""

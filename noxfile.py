@@ -3,9 +3,9 @@ The project's test runner (nox). ``bash scripts/test.sh`` runs it from a pinned 
 ``bash scripts/nox.sh -l`` lists the sessions, ``bash scripts/nox.sh -s lint`` runs one.
 
 Sessions: ``tests(airflow, db, mode)`` (the matrix), ``lint``, ``breeze_overrides``, ``e2e(airflow, db)``
-and ``e2e_celery(airflow)`` (the demo end to end, LocalExecutor and the Celery topology, one at a time
-after the matrix), ``parity`` (checks test-results/ against parity/expectations.toml), and, not run by
-default, ``demo`` and ``e2e_celery_kills(airflow, scenario)``.
+and ``e2e_celery(airflow, scenario)`` (the demo end to end, LocalExecutor and the Celery topology, one at
+a time after the matrix), ``parity`` (checks test-results/ against parity/expectations.toml), and, not
+run by default, ``demo``, ``bench`` and ``e2e_celery_all(airflow, scenario)``.
 
 Every session runs in one environment per Airflow version, ``.venvs/airflow-<version>``, built with uv
 and shared by that version's cells: nox gives each session its own virtualenv, and 16 copies of Airflow
@@ -45,9 +45,15 @@ DBS = list(MATRIX["dbs"])
 #: stock: AIRFLOW__HEARTBEAT_FIX__ENABLED=False, Airflow as released.
 MODES = list(MATRIX["modes"])
 CELLS = [*itertools.product(FULL, DBS, MODES), *itertools.product(SWEEP, ["sqlite"], MODES)]
-E2E_CELLS = [(NEWEST, "sqlite"), ("3.3.2", "sqlite"), (NEWEST, "postgres")]
+#: The LocalExecutor demo on SQLite; the Celery cells below run the demo on PostgreSQL.
+E2E_CELLS = [(NEWEST, "sqlite"), ("3.3.2", "sqlite")]
 #: The demo's Celery topology (PostgreSQL, Redis, two schedulers, two workers): the crash and the duplicates.
 E2E_CELERY_VERSIONS = [NEWEST, "3.3.2"]
+#: The demo's ``--scenario`` values; each runs the hung reproduction Dags, the kills add a SIGKILL.
+CELERY_SCENARIOS = ["hung", "kill-scheduler", "kill-worker", "many"]
+#: What CI runs of them (about 5 minutes each): adoption by the other scheduler on the release that
+#: crashed, a killed worker on the release that doubled. ``e2e_celery_all`` runs every pair on demand.
+E2E_CELERY_CELLS = [(NEWEST, "kill-scheduler"), ("3.3.2", "kill-worker")]
 #: A cell that hangs outside a test (pytest-timeout covers the tests) is killed, with its subprocesses.
 CELL_TIMEOUT = 1200
 TWINE = "6.2.0"
@@ -116,7 +122,7 @@ def postgres(session: nox.Session, *args: str) -> str:
 def cell_name(session_name: str, args: dict[str, str]) -> str:
     """The junit/log name: ``3.4.0b2-sqlite-fixed`` for tests(...), ``e2e-3.4.0b2-sqlite``, ``lint``."""
     prefix = [] if session_name == "tests" else [session_name.replace("_", "-")]
-    return "-".join(prefix + [args[key] for key in ("airflow", "db", "mode") if key in args])
+    return "-".join(prefix + [args[key] for key in ("airflow", "db", "mode", "scenario") if key in args])
 
 
 def redis(session: nox.Session) -> str:
@@ -298,32 +304,31 @@ def e2e(session: nox.Session, airflow: str, db: str) -> None:
     run_pytest(session, airflow, cell_name("e2e", {"airflow": airflow, "db": db}), env, "-m", "e2e", "tests")
 
 
-@nox.session
-@nox.parametrize("airflow", E2E_CELERY_VERSIONS)
-def e2e_celery(session: nox.Session, airflow: str) -> None:
-    """The same end-to-end tests on the demo's ``--executor celery --schedulers 2`` (PostgreSQL, Redis)."""
-    name = f"hbfix_{CHECKOUT_TAG}_celery_{airflow.replace('.', '_')}"
-    env: dict[str, str | None] = {
-        "HEARTBEAT_FIX_DEMO_DATABASE": postgres(session, "create-db", name),
-        "HEARTBEAT_FIX_DEMO_BROKER_URL": redis(session),
-    }
-    cell = cell_name("e2e_celery", {"airflow": airflow})
-    run_pytest(session, airflow, cell, env, "-m", "e2e", "tests/e2e", extra="celery")
-
-
-@nox.session(default=False)
-@nox.parametrize("airflow", E2E_CELERY_VERSIONS)
-@nox.parametrize("scenario", ["kill-scheduler", "kill-worker"])
-def e2e_celery_kills(session: nox.Session, airflow: str, scenario: str) -> None:
-    """``e2e_celery`` with a scheduler or a Celery worker SIGKILLed mid-run (not in CI: 4 min each)."""
-    name = f"hbfix_{CHECKOUT_TAG}_{scenario.replace('-', '_')}_{airflow.replace('.', '_')}"
+def run_celery_demo_tests(session: nox.Session, airflow: str, scenario: str) -> None:
+    """tests/e2e on the demo's ``--executor celery --schedulers 2`` (PostgreSQL, Redis) in one scenario."""
+    name = f"hbfix_{CHECKOUT_TAG}_celery_{scenario.replace('-', '_')}_{airflow.replace('.', '_')}"
     env: dict[str, str | None] = {
         "HEARTBEAT_FIX_DEMO_DATABASE": postgres(session, "create-db", name),
         "HEARTBEAT_FIX_DEMO_BROKER_URL": redis(session),
         "HEARTBEAT_FIX_DEMO_SCENARIO": scenario,
     }
-    cell = cell_name("e2e_celery", {"airflow": airflow, "db": scenario})
+    cell = cell_name("e2e_celery", {"airflow": airflow, "scenario": scenario})
     run_pytest(session, airflow, cell, env, "-m", "e2e", "tests/e2e", extra="celery")
+
+
+@nox.session
+@nox.parametrize(("airflow", "scenario"), E2E_CELERY_CELLS)
+def e2e_celery(session: nox.Session, airflow: str, scenario: str) -> None:
+    """The Celery topology end to end, alone (six Airflow processes need the CPU): CI's pairs."""
+    run_celery_demo_tests(session, airflow, scenario)
+
+
+@nox.session(default=False)
+@nox.parametrize("airflow", E2E_CELERY_VERSIONS)
+@nox.parametrize("scenario", CELERY_SCENARIOS)
+def e2e_celery_all(session: nox.Session, airflow: str, scenario: str) -> None:
+    """Every scenario on every Celery release (not in CI: about 5 minutes each)."""
+    run_celery_demo_tests(session, airflow, scenario)
 
 
 @nox.session

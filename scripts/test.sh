@@ -5,7 +5,7 @@
 # (nox --parallel 2; the machine has 2 cores): lint, breeze_overrides, package, install_check per
 # release, the cells tests(airflow, db, mode) = the releases of parity/expectations.toml's [matrix]
 # (versions: sqlite and postgres; sweep: sqlite) x fixed stock, then, one at a time, the demo end to
-# end e2e(airflow, db), its Celery topology e2e_celery(airflow) (PostgreSQL, Redis) and parity.
+# end e2e(airflow, db), its Celery topology e2e_celery(airflow, scenario) (PostgreSQL, Redis) and parity.
 # Stock mode runs with AIRFLOW__HEARTBEAT_FIX__ENABLED=False: each needed fix's tests are strict xfails.
 # Results: test-results/<cell>.xml and <cell>.log (wiped at the start), nox-report.json. The last
 # line printed is "N passed, M failed"; the exit status is non-zero if any session failed.

@@ -54,56 +54,6 @@ IDLE_LOOPS = 20
 STORM_RUNS = 200
 SMOKE_N = 20
 
-# -- counting statements -------------------------------------------------------------------------------
-
-_KIND = re.compile(r"^\s*(SELECT|INSERT INTO|UPDATE|DELETE FROM|WITH)\b\s*(\S*)", re.IGNORECASE)
-_LOCK = re.compile(r"\bFOR (NO KEY )?(UPDATE|SHARE)\b", re.IGNORECASE)
-_FROM = re.compile(r"\bFROM\s+([\w.\"]+)", re.IGNORECASE)
-
-
-def statement_kind(sql: str) -> str:
-    """A short label for a statement: its verb and main table, and whether it locks rows."""
-    match = _KIND.match(sql)
-    if not match:
-        return sql.split(None, 1)[0].upper() if sql.strip() else "?"
-    verb = match.group(1).upper()
-    if verb in {"SELECT", "WITH"}:
-        tables = _FROM.search(sql)
-        table = tables.group(1) if tables else "-"
-        lock = " FOR UPDATE" if _LOCK.search(sql) else ""
-        return f"SELECT {table.strip(chr(34))}{lock}"
-    return f"{verb.split()[0]} {match.group(2).strip(chr(34)).split('(')[0]}"
-
-
-@dataclass
-class StatementCounter:
-    statements: int = 0
-    commits: int = 0
-    kinds: Counter[str] = field(default_factory=Counter)
-
-    @contextmanager
-    def counting(self) -> Iterator[StatementCounter]:
-        from airflow import settings
-        from sqlalchemy import event
-
-        engine = settings.engine
-
-        def on_statement(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-            self.statements += 1
-            self.kinds[statement_kind(statement)] += 1
-
-        def on_commit(conn: Any) -> None:
-            self.commits += 1
-
-        event.listen(engine, "before_cursor_execute", on_statement)
-        event.listen(engine, "commit", on_commit)
-        try:
-            yield self
-        finally:
-            event.remove(engine, "before_cursor_execute", on_statement)
-            event.remove(engine, "commit", on_commit)
-
-
 # -- one measurement per process -----------------------------------------------------------------------
 
 
@@ -133,7 +83,7 @@ def measure_purge(n: int, retries: int, *, memory: bool) -> dict[str, Any]:
     with create_session() as session:
         runner = _setup.scheduler_runner(session)
         created = _setup.stale_task_instances(runner, n, session, retries=retries)
-    counter = StatementCounter()
+    counter = _setup.harness().StatementCounter()
     error = None
     if memory:
         tracemalloc.start()
@@ -202,7 +152,7 @@ def measure_idle() -> dict[str, Any]:
         _unpause("bench_idle", session)
     for _ in range(2):  # warm caches (Dag bag, compiled statements) before counting
         _scheduling_loop(runner)
-    counter = StatementCounter()
+    counter = _setup.harness().StatementCounter()
     started = time.perf_counter()
     with counter.counting():
         for _ in range(IDLE_LOOPS):
@@ -229,7 +179,7 @@ def measure_storm() -> dict[str, Any]:
         _setup.create_runs(dag, STORM_RUNS, session)
         _set_columns("bench_storm", session, state=TaskInstanceState.FAILED)
         _unpause("bench_storm", session)
-    counter = StatementCounter()
+    counter = _setup.harness().StatementCounter()
     loops, error = 0, None
     started = time.perf_counter()
     with counter.counting():
@@ -456,7 +406,7 @@ def purge_table(versions: list[dict[str, Any]]) -> str:
                     if mode == "fixed" and stock_wall and s["wall_median"]
                     else ""
                 )
-                per_ti = f"{s['statements'] / s['n']:.2f}" if s.get("n") else "-"
+                per_ti = f"{s['statements'] / s['n']:.3f}" if s.get("n") else "-"
                 peak = f"{s['peak_bytes'] / 2**20:.1f}" if s.get("peak_bytes") else "-"
                 lines.append(
                     f"| {report['version']} | {report['db']} | {row['n']} | {row['retries']} | {mode} "
@@ -530,8 +480,49 @@ def kinds_table(versions: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def linear_fit(points: list[tuple[int, float]]) -> tuple[float, float, float]:
+    """
+    Least squares ``count = per_pass + per_ti * N`` over ``(N, count)`` points (at least two Ns):
+    ``(per_pass, per_ti, worst residual)``. A residual far from 0 means growth that is not linear.
+    """
+    ns = [n for n, _ in points]
+    mean_n = statistics.fmean(ns)
+    mean_count = statistics.fmean(count for _, count in points)
+    spread = sum((n - mean_n) ** 2 for n in ns)
+    per_ti = sum((n - mean_n) * (count - mean_count) for n, count in points) / spread
+    per_pass = mean_count - per_ti * mean_n
+    worst = max(abs(count - per_pass - per_ti * n) for n, count in points)
+    return per_pass, per_ti, worst
+
+
+def fit_table(versions: list[dict[str, Any]]) -> str:
+    """Statements and commits of a pass split into a constant per pass and a slope per task instance."""
+    lines = [
+        "| statements = per pass + per TI x N | db | retries | mode | Ns | statements per pass "
+        "| statements per TI | commits per pass | commits per TI | worst residual |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for report in versions:
+        for retries in sorted({row["retries"] for row in report["purge"]}):
+            rows = [row for row in report["purge"] if row["retries"] == retries]
+            for mode in MODES:
+                measured = [row[mode] for row in rows if row[mode].get("n") and not row[mode]["error"]]
+                if len({s["n"] for s in measured}) < 2:
+                    continue
+                statements = linear_fit([(s["n"], s["statements"]) for s in measured])
+                commits = linear_fit([(s["n"], s["commits"]) for s in measured])
+                lines.append(
+                    f"| {report['version']} | {report['db']} | {retries} | {mode} "
+                    f"| {','.join(str(s['n']) for s in measured)} | {statements[0]:.1f} | {statements[1]:.3f} "
+                    f"| {commits[0]:.1f} | {commits[1]:.3f} | {max(statements[2], commits[2]):.2g} |"
+                )
+    return "\n".join(lines)
+
+
 def print_tables(versions: list[dict[str, Any]]) -> None:
     print(purge_table(versions))
+    print()
+    print(fit_table(versions))
     print()
     print(loop_table(versions))
     print()

@@ -31,7 +31,6 @@ import sys
 import time
 import tracemalloc
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,8 +39,6 @@ from typing import TYPE_CHECKING, Any
 from benchmarks import _setup
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from sqlalchemy.orm import Session
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -511,10 +508,11 @@ def fit_table(versions: list[dict[str, Any]]) -> str:
                     continue
                 statements = linear_fit([(s["n"], s["statements"]) for s in measured])
                 commits = linear_fit([(s["n"], s["commits"]) for s in measured])
+                ns = ",".join(str(s["n"]) for s in measured)
                 lines.append(
-                    f"| {report['version']} | {report['db']} | {retries} | {mode} "
-                    f"| {','.join(str(s['n']) for s in measured)} | {statements[0]:.1f} | {statements[1]:.3f} "
-                    f"| {commits[0]:.1f} | {commits[1]:.3f} | {max(statements[2], commits[2]):.2g} |"
+                    f"| {report['version']} | {report['db']} | {retries} | {mode} | {ns} "
+                    f"| {statements[0]:.1f} | {statements[1]:.3f} | {commits[0]:.1f} | {commits[1]:.3f} "
+                    f"| {max(statements[2], commits[2]):.2g} |"
                 )
     return "\n".join(lines)
 

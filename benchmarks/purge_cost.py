@@ -386,11 +386,10 @@ def _anchor_walls(versions: list[dict[str, Any]]) -> dict[tuple[str, int], float
 
 def purge_table(versions: list[dict[str, Any]]) -> str:
     anchors = _anchor_walls(versions)
-    lines = [
-        f"| purge pass | db | N | retries | mode | wall s median (min-max) | vs stock {ANCHOR_VERSION} "
-        "| fixed/stock | statements/TI | commits/pass | peak MiB | converged |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = _header(
+        "purge pass", "db", "N", "retries", "mode", "wall s median (min-max)", f"vs stock {ANCHOR_VERSION}",
+        "fixed/stock", "statements/TI", "commits/pass", "peak MiB", "converged",
+    )  # fmt: skip
     for report in versions:
         for row in report["purge"]:
             stock_wall = row["stock"]["wall_median"]
@@ -414,11 +413,10 @@ def purge_table(versions: list[dict[str, Any]]) -> str:
 
 
 def loop_table(versions: list[dict[str, Any]]) -> str:
-    lines = [
-        "| loop | db | scenario | stock statements | fixed statements | stock wall s | fixed wall s "
-        "| fixed/stock wall | notes |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = _header(
+        "loop", "db", "scenario", "stock statements", "fixed statements", "stock wall s", "fixed wall s",
+        "fixed/stock wall", "notes",
+    )  # fmt: skip
     for report in versions:
         for what in ("idle", "storm"):
             cells = report.get(what)
@@ -461,19 +459,31 @@ def _wall(summary: dict[str, Any]) -> str:
     return f"{summary['wall_median']:.4f}" if summary["wall_median"] is not None else "-"
 
 
-def kinds_table(versions: list[dict[str, Any]]) -> str:
-    """Statements per task instance by kind, for the largest N, per version, retries and mode."""
-    lines = ["| version | db | retries | mode | statements per TI by kind |", "|---|---|---|---|---|"]
+def _header(*columns: str) -> list[str]:
+    """A markdown table's first two lines."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
+def _purge_rows(versions: list[dict[str, Any]]) -> dict[tuple[str, str, int, str], dict[int, dict[str, Any]]]:
+    """Every purge measurement, wherever it came from, as (version, db, retries, mode) -> N -> summary."""
+    rows: dict[tuple[str, str, int, str], dict[int, dict[str, Any]]] = {}
     for report in versions:
-        largest = max((row["n"] for row in report["purge"]), default=None)
         for row in report["purge"]:
-            if row["n"] != largest:
-                continue
             for mode in MODES:
-                s = row[mode]
-                kinds = sorted(s["kinds"].items(), key=lambda kv: -kv[1])
-                text = ", ".join(f"{k} {v / s['n']:.2f}" for k, v in kinds if v / s["n"] >= 0.01)
-                lines.append(f"| {report['version']} | {report['db']} | {row['retries']} | {mode} | {text} |")
+                key = (report["version"], report["db"], row["retries"], mode)
+                rows.setdefault(key, {})[row["n"]] = row[mode]
+    return rows
+
+
+def kinds_table(versions: list[dict[str, Any]]) -> str:
+    """Statements per task instance by kind, at the largest N measured, per version, retries and mode."""
+    lines = _header("version", "db", "retries", "mode", "N", "statements per TI by kind")
+    for (version, db, retries, mode), by_n in _purge_rows(versions).items():
+        n = max(by_n)
+        s = by_n[n]
+        kinds = sorted(s["kinds"].items(), key=lambda kv: -kv[1])
+        text = ", ".join(f"{k} {v / s['n']:.2f}" for k, v in kinds if v / s["n"] >= 0.01)
+        lines.append(f"| {version} | {db} | {retries} | {mode} | {n} | {text} |")
     return "\n".join(lines)
 
 
@@ -493,27 +503,25 @@ def linear_fit(points: list[tuple[int, float]]) -> tuple[float, float, float]:
 
 
 def fit_table(versions: list[dict[str, Any]]) -> str:
-    """Statements and commits of a pass split into a constant per pass and a slope per task instance."""
-    lines = [
-        "| statements = per pass + per TI x N | db | retries | mode | Ns | statements per pass "
-        "| statements per TI | commits per pass | commits per TI | worst residual |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for report in versions:
-        for retries in sorted({row["retries"] for row in report["purge"]}):
-            rows = [row for row in report["purge"] if row["retries"] == retries]
-            for mode in MODES:
-                measured = [row[mode] for row in rows if row[mode].get("n") and not row[mode]["error"]]
-                if len({s["n"] for s in measured}) < 2:
-                    continue
-                statements = linear_fit([(s["n"], s["statements"]) for s in measured])
-                commits = linear_fit([(s["n"], s["commits"]) for s in measured])
-                ns = ",".join(str(s["n"]) for s in measured)
-                lines.append(
-                    f"| {report['version']} | {report['db']} | {retries} | {mode} | {ns} "
-                    f"| {statements[0]:.1f} | {statements[1]:.3f} | {commits[0]:.1f} | {commits[1]:.3f} "
-                    f"| {max(statements[2], commits[2]):.2g} |"
-                )
+    """
+    Statements and commits of a pass split into a constant per pass and a slope per task instance,
+    fitted over every N measured (possibly in separate runs) of a release, database, retries and mode.
+    """
+    lines = _header(
+        "statements = per pass + per TI x N", "db", "retries", "mode", "Ns", "statements per pass",
+        "statements per TI", "commits per pass", "commits per TI", "worst residual",
+    )  # fmt: skip
+    for (version, db, retries, mode), by_n in _purge_rows(versions).items():
+        measured = [s for n, s in sorted(by_n.items()) if s.get("n") and not s["error"]]
+        if len(measured) < 2:
+            continue
+        statements = linear_fit([(s["n"], s["statements"]) for s in measured])
+        commits = linear_fit([(s["n"], s["commits"]) for s in measured])
+        lines.append(
+            f"| {version} | {db} | {retries} | {mode} | {','.join(str(s['n']) for s in measured)} "
+            f"| {statements[0]:.1f} | {statements[1]:.3f} | {commits[0]:.1f} | {commits[1]:.3f} "
+            f"| {max(statements[2], commits[2]):.2g} |"
+        )
     return "\n".join(lines)
 
 

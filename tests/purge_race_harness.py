@@ -649,7 +649,10 @@ class StatementCounter:
             if self.thread is None or threading.get_ident() == self.thread:
                 self.commits += 1
 
-        listeners = [("before_cursor_execute", on_statement), ("commit", on_commit)]
+        listeners: list[tuple[str, Callable[..., None]]] = [
+            ("before_cursor_execute", on_statement),
+            ("commit", on_commit),
+        ]
         for name, listener in listeners:
             event.listen(settings.engine, name, listener)
         try:

@@ -9,7 +9,9 @@ fixed interleaved, on a database migrated once per release:
 * purge: one ``_find_and_purge_task_instances_without_heartbeats`` pass over N stale task instances:
   wall (median/min/max over repeats), statements per task instance (SQLAlchemy ``before_cursor_execute``),
   commits per pass, peak Python memory of the pass (tracemalloc, in a run of its own), and whether every
-  task instance left RUNNING with exactly one task callback;
+  task instance left RUNNING with exactly one task callback. Over two or more N (in one run, or in
+  runs merged with ``--tables-from``), statements and commits are fitted as a constant per pass plus a
+  slope per task instance: the scan and the Dag lookup are paid once a pass, the rest per task instance;
 * idle: the scheduler loop's ``_do_scheduling`` plus heartbeat check over 100 running Dag runs that
   have no timeouts: statements and wall per loop;
 * storm: 200 Dag runs failing at once with a Dag ``on_failure_callback``: loops until all are failed,

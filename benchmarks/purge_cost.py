@@ -7,11 +7,13 @@ measurement is a fresh process (fixes on or off through ``AIRFLOW__HEARTBEAT_FIX
 fixed interleaved, on a database migrated once per release:
 
 * purge: one ``_find_and_purge_task_instances_without_heartbeats`` pass over N stale task instances:
-  wall (median/min/max over repeats), statements per task instance (SQLAlchemy ``before_cursor_execute``),
-  commits per pass, peak Python memory of the pass (tracemalloc, in a run of its own), and whether every
-  task instance left RUNNING with exactly one task callback. Over two or more N (in one run, or in
-  runs merged with ``--tables-from``), statements and commits are fitted as a constant per pass plus a
-  slope per task instance: the scan and the Dag lookup are paid once a pass, the rest per task instance;
+  wall (median/min/max over repeats), the scheduler process's CPU time (median; steadier than the wall
+  on a shared machine, but without the database server's share), statements per task instance
+  (SQLAlchemy ``before_cursor_execute``), commits per pass, peak Python memory of the pass (tracemalloc,
+  in a run of its own), and whether every task instance left RUNNING with exactly one task callback.
+  Over two or more N (in one run, or in runs merged with ``--tables-from``), statements and commits
+  are fitted as a constant per pass plus a slope per task instance: the scan and the Dag lookup are
+  paid once a pass, the rest per task instance;
 * idle: the scheduler loop's ``_do_scheduling`` plus heartbeat check over 100 running Dag runs that
   have no timeouts: statements and wall per loop;
 * storm: 200 Dag runs failing at once with a Dag ``on_failure_callback``: loops until all are failed,
@@ -86,13 +88,13 @@ def measure_purge(n: int, retries: int, *, memory: bool) -> dict[str, Any]:
     error = None
     if memory:
         tracemalloc.start()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     try:
         with counter.counting():
             runner._find_and_purge_task_instances_without_heartbeats()
     except Exception as exc:  # a stock release that crashes is a result, not a benchmark failure
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     peak = tracemalloc.get_traced_memory()[1] if memory else None
     if memory:
         tracemalloc.stop()
@@ -102,6 +104,7 @@ def measure_purge(n: int, retries: int, *, memory: bool) -> dict[str, Any]:
     return {
         "n": created,
         "wall": wall,
+        "cpu": cpu,
         "statements": counter.statements,
         "commits": counter.commits,
         "kinds": dict(counter.kinds),
@@ -337,17 +340,23 @@ def measure_version(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+#: What differs between repeats (summarised above) or is not a measurement.
+_PER_REPEAT = {"wall", "cpu", "error", "peak_bytes", "version", "fixed"}
+
+
 def _summary(cell: Cell) -> dict[str, Any]:
     walls = cell.walls()
+    cpus = [r["cpu"] for r in cell.results if "cpu" in r and not r.get("error")]
     first = cell.results[0]
     return {
         "wall_median": statistics.median(walls) if walls else None,
         "wall_min": min(walls) if walls else None,
         "wall_max": max(walls) if walls else None,
+        "cpu_median": statistics.median(cpus) if cpus else None,
         "repeats": len(walls),
         "error": cell.error(),
         "peak_bytes": cell.memory,
-        **{k: v for k, v in first.items() if k not in {"wall", "error", "peak_bytes", "version", "fixed"}},
+        **{k: v for k, v in first.items() if k not in _PER_REPEAT},
         "converged": all(_converged(r) for r in cell.results) if "left_running" in first else None,
     }
 
@@ -390,7 +399,7 @@ def purge_table(versions: list[dict[str, Any]]) -> str:
     anchors = _anchor_walls(versions)
     lines = _header(
         "purge pass", "db", "N", "retries", "mode", "wall s median (min-max)", f"vs stock {ANCHOR_VERSION}",
-        "fixed/stock", "statements/TI", "commits/pass", "peak MiB", "converged",
+        "fixed/stock", "scheduler CPU s", "statements/TI", "commits/pass", "peak MiB", "converged",
     )  # fmt: skip
     for report in versions:
         for row in report["purge"]:
@@ -406,10 +415,11 @@ def purge_table(versions: list[dict[str, Any]]) -> str:
                 )
                 per_ti = f"{s['statements'] / s['n']:.3f}" if s.get("n") else "-"
                 peak = f"{s['peak_bytes'] / 2**20:.1f}" if s.get("peak_bytes") else "-"
+                cpu = f"{s['cpu_median']:.2f}" if s.get("cpu_median") is not None else "-"
                 lines.append(
                     f"| {report['version']} | {report['db']} | {row['n']} | {row['retries']} | {mode} "
-                    f"| {_fmt_wall(s)} | {vs_anchor} | {vs_stock} | {per_ti} | {s['commits']} | {peak} "
-                    f"| {'yes' if s['converged'] else 'no'} |"
+                    f"| {_fmt_wall(s)} | {vs_anchor} | {vs_stock} | {cpu} | {per_ti} | {s['commits']} "
+                    f"| {peak} | {'yes' if s['converged'] else 'no'} |"
                 )
     return "\n".join(lines)
 

@@ -120,7 +120,10 @@ class DagShape:
 
 def store_dag(shape: DagShape, session: Session) -> Any:
     """Store the Dag as the Dag processor does (Dag, version, serialized); return the scheduler's view."""
-    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+    try:  # 3.2+
+        from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+    except ImportError:  # 3.1
+        from airflow.models.dagbag import DagBag, sync_bag_to_db  # type: ignore[no-redef,attr-defined]
     from airflow.models.dagbundle import DagBundleModel
     from airflow.models.serialized_dag import SerializedDagModel
     from airflow.providers.standard.operators.empty import EmptyOperator

@@ -7,9 +7,13 @@ measurement is a fresh process (fixes on or off through ``AIRFLOW__HEARTBEAT_FIX
 fixed interleaved, on a database migrated once per release:
 
 * purge: one ``_find_and_purge_task_instances_without_heartbeats`` pass over N stale task instances:
-  wall (median/min/max over repeats), statements per task instance (SQLAlchemy ``before_cursor_execute``),
-  commits per pass, peak Python memory of the pass (tracemalloc, in a run of its own), and whether every
-  task instance left RUNNING with exactly one task callback;
+  wall (median/min/max over repeats), the scheduler process's CPU time (median; steadier than the wall
+  on a shared machine, but without the database server's share), statements per task instance
+  (SQLAlchemy ``before_cursor_execute``), commits per pass, peak Python memory of the pass (tracemalloc,
+  in a run of its own), and whether every task instance left RUNNING with exactly one task callback.
+  Over two or more N (in one run, or in runs merged with ``--tables-from``), statements and commits
+  are fitted as a constant per pass plus a slope per task instance: the scan and the Dag lookup are
+  paid once a pass, the rest per task instance;
 * idle: the scheduler loop's ``_do_scheduling`` plus heartbeat check over 100 running Dag runs that
   have no timeouts: statements and wall per loop;
 * storm: 200 Dag runs failing at once with a Dag ``on_failure_callback``: loops until all are failed,
@@ -31,7 +35,6 @@ import sys
 import time
 import tracemalloc
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,8 +43,6 @@ from typing import TYPE_CHECKING, Any
 from benchmarks import _setup
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from sqlalchemy.orm import Session
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,56 +54,6 @@ IDLE_RUNS = 100
 IDLE_LOOPS = 20
 STORM_RUNS = 200
 SMOKE_N = 20
-
-# -- counting statements -------------------------------------------------------------------------------
-
-_KIND = re.compile(r"^\s*(SELECT|INSERT INTO|UPDATE|DELETE FROM|WITH)\b\s*(\S*)", re.IGNORECASE)
-_LOCK = re.compile(r"\bFOR (NO KEY )?(UPDATE|SHARE)\b", re.IGNORECASE)
-_FROM = re.compile(r"\bFROM\s+([\w.\"]+)", re.IGNORECASE)
-
-
-def statement_kind(sql: str) -> str:
-    """A short label for a statement: its verb and main table, and whether it locks rows."""
-    match = _KIND.match(sql)
-    if not match:
-        return sql.split(None, 1)[0].upper() if sql.strip() else "?"
-    verb = match.group(1).upper()
-    if verb in {"SELECT", "WITH"}:
-        tables = _FROM.search(sql)
-        table = tables.group(1) if tables else "-"
-        lock = " FOR UPDATE" if _LOCK.search(sql) else ""
-        return f"SELECT {table.strip(chr(34))}{lock}"
-    return f"{verb.split()[0]} {match.group(2).strip(chr(34)).split('(')[0]}"
-
-
-@dataclass
-class StatementCounter:
-    statements: int = 0
-    commits: int = 0
-    kinds: Counter[str] = field(default_factory=Counter)
-
-    @contextmanager
-    def counting(self) -> Iterator[StatementCounter]:
-        from airflow import settings
-        from sqlalchemy import event
-
-        engine = settings.engine
-
-        def on_statement(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-            self.statements += 1
-            self.kinds[statement_kind(statement)] += 1
-
-        def on_commit(conn: Any) -> None:
-            self.commits += 1
-
-        event.listen(engine, "before_cursor_execute", on_statement)
-        event.listen(engine, "commit", on_commit)
-        try:
-            yield self
-        finally:
-            event.remove(engine, "before_cursor_execute", on_statement)
-            event.remove(engine, "commit", on_commit)
-
 
 # -- one measurement per process -----------------------------------------------------------------------
 
@@ -133,17 +84,17 @@ def measure_purge(n: int, retries: int, *, memory: bool) -> dict[str, Any]:
     with create_session() as session:
         runner = _setup.scheduler_runner(session)
         created = _setup.stale_task_instances(runner, n, session, retries=retries)
-    counter = StatementCounter()
+    counter = _setup.harness().StatementCounter()
     error = None
     if memory:
         tracemalloc.start()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     try:
         with counter.counting():
             runner._find_and_purge_task_instances_without_heartbeats()
     except Exception as exc:  # a stock release that crashes is a result, not a benchmark failure
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     peak = tracemalloc.get_traced_memory()[1] if memory else None
     if memory:
         tracemalloc.stop()
@@ -153,6 +104,7 @@ def measure_purge(n: int, retries: int, *, memory: bool) -> dict[str, Any]:
     return {
         "n": created,
         "wall": wall,
+        "cpu": cpu,
         "statements": counter.statements,
         "commits": counter.commits,
         "kinds": dict(counter.kinds),
@@ -202,7 +154,7 @@ def measure_idle() -> dict[str, Any]:
         _unpause("bench_idle", session)
     for _ in range(2):  # warm caches (Dag bag, compiled statements) before counting
         _scheduling_loop(runner)
-    counter = StatementCounter()
+    counter = _setup.harness().StatementCounter()
     started = time.perf_counter()
     with counter.counting():
         for _ in range(IDLE_LOOPS):
@@ -229,7 +181,7 @@ def measure_storm() -> dict[str, Any]:
         _setup.create_runs(dag, STORM_RUNS, session)
         _set_columns("bench_storm", session, state=TaskInstanceState.FAILED)
         _unpause("bench_storm", session)
-    counter = StatementCounter()
+    counter = _setup.harness().StatementCounter()
     loops, error = 0, None
     started = time.perf_counter()
     with counter.counting():
@@ -388,17 +340,23 @@ def measure_version(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+#: What differs between repeats (summarised above) or is not a measurement.
+_PER_REPEAT = {"wall", "cpu", "error", "peak_bytes", "version", "fixed"}
+
+
 def _summary(cell: Cell) -> dict[str, Any]:
     walls = cell.walls()
+    cpus = [r["cpu"] for r in cell.results if "cpu" in r and not r.get("error")]
     first = cell.results[0]
     return {
         "wall_median": statistics.median(walls) if walls else None,
         "wall_min": min(walls) if walls else None,
         "wall_max": max(walls) if walls else None,
+        "cpu_median": statistics.median(cpus) if cpus else None,
         "repeats": len(walls),
         "error": cell.error(),
         "peak_bytes": cell.memory,
-        **{k: v for k, v in first.items() if k not in {"wall", "error", "peak_bytes", "version", "fixed"}},
+        **{k: v for k, v in first.items() if k not in _PER_REPEAT},
         "converged": all(_converged(r) for r in cell.results) if "left_running" in first else None,
     }
 
@@ -439,11 +397,10 @@ def _anchor_walls(versions: list[dict[str, Any]]) -> dict[tuple[str, int], float
 
 def purge_table(versions: list[dict[str, Any]]) -> str:
     anchors = _anchor_walls(versions)
-    lines = [
-        f"| purge pass | db | N | retries | mode | wall s median (min-max) | vs stock {ANCHOR_VERSION} "
-        "| fixed/stock | statements/TI | commits/pass | peak MiB | converged |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = _header(
+        "purge pass", "db", "N", "retries", "mode", "wall s median (min-max)", f"vs stock {ANCHOR_VERSION}",
+        "fixed/stock", "scheduler CPU s", "statements/TI", "commits/pass", "peak MiB", "converged",
+    )  # fmt: skip
     for report in versions:
         for row in report["purge"]:
             stock_wall = row["stock"]["wall_median"]
@@ -456,22 +413,22 @@ def purge_table(versions: list[dict[str, Any]]) -> str:
                     if mode == "fixed" and stock_wall and s["wall_median"]
                     else ""
                 )
-                per_ti = f"{s['statements'] / s['n']:.2f}" if s.get("n") else "-"
+                per_ti = f"{s['statements'] / s['n']:.3f}" if s.get("n") else "-"
                 peak = f"{s['peak_bytes'] / 2**20:.1f}" if s.get("peak_bytes") else "-"
+                cpu = f"{s['cpu_median']:.2f}" if s.get("cpu_median") is not None else "-"
                 lines.append(
                     f"| {report['version']} | {report['db']} | {row['n']} | {row['retries']} | {mode} "
-                    f"| {_fmt_wall(s)} | {vs_anchor} | {vs_stock} | {per_ti} | {s['commits']} | {peak} "
-                    f"| {'yes' if s['converged'] else 'no'} |"
+                    f"| {_fmt_wall(s)} | {vs_anchor} | {vs_stock} | {cpu} | {per_ti} | {s['commits']} "
+                    f"| {peak} | {'yes' if s['converged'] else 'no'} |"
                 )
     return "\n".join(lines)
 
 
 def loop_table(versions: list[dict[str, Any]]) -> str:
-    lines = [
-        "| loop | db | scenario | stock statements | fixed statements | stock wall s | fixed wall s "
-        "| fixed/stock wall | notes |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = _header(
+        "loop", "db", "scenario", "stock statements", "fixed statements", "stock wall s", "fixed wall s",
+        "fixed/stock wall", "notes",
+    )  # fmt: skip
     for report in versions:
         for what in ("idle", "storm"):
             cells = report.get(what)
@@ -514,24 +471,76 @@ def _wall(summary: dict[str, Any]) -> str:
     return f"{summary['wall_median']:.4f}" if summary["wall_median"] is not None else "-"
 
 
-def kinds_table(versions: list[dict[str, Any]]) -> str:
-    """Statements per task instance by kind, for the largest N, per version, retries and mode."""
-    lines = ["| version | db | retries | mode | statements per TI by kind |", "|---|---|---|---|---|"]
+def _header(*columns: str) -> list[str]:
+    """A markdown table's first two lines."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
+def _purge_rows(versions: list[dict[str, Any]]) -> dict[tuple[str, str, int, str], dict[int, dict[str, Any]]]:
+    """Every purge measurement, wherever it came from, as (version, db, retries, mode) -> N -> summary."""
+    rows: dict[tuple[str, str, int, str], dict[int, dict[str, Any]]] = {}
     for report in versions:
-        largest = max((row["n"] for row in report["purge"]), default=None)
         for row in report["purge"]:
-            if row["n"] != largest:
-                continue
             for mode in MODES:
-                s = row[mode]
-                kinds = sorted(s["kinds"].items(), key=lambda kv: -kv[1])
-                text = ", ".join(f"{k} {v / s['n']:.2f}" for k, v in kinds if v / s["n"] >= 0.01)
-                lines.append(f"| {report['version']} | {report['db']} | {row['retries']} | {mode} | {text} |")
+                key = (report["version"], report["db"], row["retries"], mode)
+                rows.setdefault(key, {})[row["n"]] = row[mode]
+    return rows
+
+
+def kinds_table(versions: list[dict[str, Any]]) -> str:
+    """Statements per task instance by kind, at the largest N measured, per version, retries and mode."""
+    lines = _header("version", "db", "retries", "mode", "N", "statements per TI by kind")
+    for (version, db, retries, mode), by_n in _purge_rows(versions).items():
+        n = max(by_n)
+        s = by_n[n]
+        kinds = sorted(s["kinds"].items(), key=lambda kv: -kv[1])
+        text = ", ".join(f"{k} {v / s['n']:.2f}" for k, v in kinds if v / s["n"] >= 0.01)
+        lines.append(f"| {version} | {db} | {retries} | {mode} | {n} | {text} |")
+    return "\n".join(lines)
+
+
+def linear_fit(points: list[tuple[int, float]]) -> tuple[float, float, float]:
+    """
+    Least squares ``count = per_pass + per_ti * N`` over ``(N, count)`` points (at least two Ns):
+    ``(per_pass, per_ti, worst residual)``. A residual far from 0 means growth that is not linear.
+    """
+    ns = [n for n, _ in points]
+    mean_n = statistics.fmean(ns)
+    mean_count = statistics.fmean(count for _, count in points)
+    spread = sum((n - mean_n) ** 2 for n in ns)
+    per_ti = sum((n - mean_n) * (count - mean_count) for n, count in points) / spread
+    per_pass = mean_count - per_ti * mean_n
+    worst = max(abs(count - per_pass - per_ti * n) for n, count in points)
+    return per_pass, per_ti, worst
+
+
+def fit_table(versions: list[dict[str, Any]]) -> str:
+    """
+    Statements and commits of a pass split into a constant per pass and a slope per task instance,
+    fitted over every N measured (possibly in separate runs) of a release, database, retries and mode.
+    """
+    lines = _header(
+        "statements = per pass + per TI x N", "db", "retries", "mode", "Ns", "statements per pass",
+        "statements per TI", "commits per pass", "commits per TI", "worst residual",
+    )  # fmt: skip
+    for (version, db, retries, mode), by_n in _purge_rows(versions).items():
+        measured = [s for n, s in sorted(by_n.items()) if s.get("n") and not s["error"]]
+        if len(measured) < 2:
+            continue
+        statements = linear_fit([(s["n"], s["statements"]) for s in measured])
+        commits = linear_fit([(s["n"], s["commits"]) for s in measured])
+        lines.append(
+            f"| {version} | {db} | {retries} | {mode} | {','.join(str(s['n']) for s in measured)} "
+            f"| {statements[0]:.1f} | {statements[1]:.3f} | {commits[0]:.1f} | {commits[1]:.3f} "
+            f"| {max(statements[2], commits[2]):.2g} |"
+        )
     return "\n".join(lines)
 
 
 def print_tables(versions: list[dict[str, Any]]) -> None:
     print(purge_table(versions))
+    print()
+    print(fit_table(versions))
     print()
     print(loop_table(versions))
     print()

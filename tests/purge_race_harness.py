@@ -17,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -546,7 +548,6 @@ def random_finishes(
     """
     import random
 
-    from airflow import settings
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
     from airflow.utils.state import TaskInstanceState
@@ -557,12 +558,7 @@ def random_finishes(
     sent = [0]
     done = threading.Event()
     stride = max(1, round(workers / share))
-    statements = [0]
-    scheduler_thread = threading.get_ident()
-
-    def count_statement(*_: Any) -> None:
-        if threading.get_ident() == scheduler_thread:
-            statements[0] += 1
+    counter = StatementCounter(thread=threading.get_ident())
 
     def count_callback(_: Any) -> None:
         with progress:
@@ -591,14 +587,12 @@ def random_finishes(
     actors = [
         Actor(f"worker-{i}", functools.partial(work, random.Random(seed * 100 + i))) for i in range(workers)
     ]
-    event.listen(settings.engine, "before_cursor_execute", count_statement)
     try:
         for actor in actors:
             actor.start()
-        with on_task_callbacks(_default_executor(runner), count_callback):
+        with on_task_callbacks(_default_executor(runner), count_callback), counter.counting():
             error = purge_pass(runner)
     finally:
-        event.remove(settings.engine, "before_cursor_execute", count_statement)
         done.set()
         with progress:
             progress.notify_all()
@@ -615,41 +609,77 @@ def random_finishes(
         spurious_callbacks=sum(r.callbacks for r in results if r.worker_told_success),
         other_problems=len(problems([r for r in results if not r.worker_told_success])),
         deadlocks=deadlocks,
-        statements=statements[0],
+        statements=counter.statements,
     )
 
 
-@dataclass(frozen=True)
-class PassCost:
-    statements: int
-    commits: int
-
-
-def measured_pass(runner: Any) -> PassCost:
+def measured_pass(runner: Any) -> StatementCounter:
     """One pass with nothing racing it, counting the statements and commits the scheduler thread sends."""
-    from airflow import settings
-
-    counts = {"statements": 0, "commits": 0}
-    scheduler_thread = threading.get_ident()
-
-    def counter(kind: str) -> Callable[..., None]:
-        def count(*_: Any) -> None:
-            if threading.get_ident() == scheduler_thread:
-                counts[kind] += 1
-
-        return count
-
-    listeners = [("before_cursor_execute", counter("statements")), ("commit", counter("commits"))]
-    for name, listener in listeners:
-        event.listen(settings.engine, name, listener)
-    try:
+    with StatementCounter(thread=threading.get_ident()).counting() as counter:
         error = purge_pass(runner)
-    finally:
-        for name, listener in listeners:
-            event.remove(settings.engine, name, listener)
     if error is not None:
         raise error
-    return PassCost(**counts)
+    return counter
+
+
+# ---------------------------------------------------------------------------------------------------
+# Cost: the one way the tests and the benchmarks count what a pass sends to the database
+
+_VERB = re.compile(r"^\s*(SELECT|INSERT INTO|UPDATE|DELETE FROM|WITH)\b\s*(\S*)", re.IGNORECASE)
+_ROW_LOCK = re.compile(r"\bFOR (NO KEY )?(UPDATE|SHARE)\b", re.IGNORECASE)
+_FROM = re.compile(r"\bFROM\s+([\w.\"]+)", re.IGNORECASE)
+
+
+def statement_kind(sql: str) -> str:
+    """A short label for a statement: its verb and main table, and whether it locks rows."""
+    match = _VERB.match(sql)
+    if not match:
+        return sql.split(None, 1)[0].upper() if sql.strip() else "?"
+    verb = match.group(1).upper()
+    if verb in {"SELECT", "WITH"}:
+        tables = _FROM.search(sql)
+        table = tables.group(1) if tables else "-"
+        lock = " FOR UPDATE" if _ROW_LOCK.search(sql) else ""
+        return f"SELECT {table.strip(chr(34))}{lock}"
+    return f"{verb.split()[0]} {match.group(2).strip(chr(34)).split('(')[0]}"
+
+
+@dataclass
+class StatementCounter:
+    """
+    Statements (by :func:`statement_kind`) and commits sent through Airflow's engine while
+    :meth:`counting`; with ``thread``, only that thread's, so racing actors are not counted.
+    """
+
+    thread: int | None = None
+    statements: int = 0
+    commits: int = 0
+    kinds: Counter[str] = field(default_factory=Counter)
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[StatementCounter]:
+        from airflow import settings
+
+        def on_statement(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if self.thread is None or threading.get_ident() == self.thread:
+                self.statements += 1
+                self.kinds[statement_kind(statement)] += 1
+
+        def on_commit(conn: Any) -> None:
+            if self.thread is None or threading.get_ident() == self.thread:
+                self.commits += 1
+
+        listeners: list[tuple[str, Callable[..., None]]] = [
+            ("before_cursor_execute", on_statement),
+            ("commit", on_commit),
+        ]
+        for name, listener in listeners:
+            event.listen(settings.engine, name, listener)
+        try:
+            yield self
+        finally:
+            for name, listener in listeners:
+                event.remove(settings.engine, name, listener)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -922,17 +922,19 @@ def test_html_report_of_a_recorded_3_3_run_shows_the_duplicates() -> None:
 
 
 SCHEDULER_LOGS = {
-    "scheduler-1": "Setting external_executor_id for <TaskInstance: x.stall [queued] ti_id=ti-a> to c-1\n",
-    "scheduler-2": "Setting external_executor_id for <TaskInstance: y.stall [queued] ti_id=ti-b> to c-2\n",
+    # 3.1 logs the task instance without its id; later releases add it: both end with the Celery task id.
+    "scheduler-1": "Setting external_executor_id for <TaskInstance: x.stall run [queued]> to c-1 [airflow]\n",
+    "scheduler-2": "Setting external_executor_id for TaskInstance(id=ti-b, dag_id=y) to c-2\n",
     "celery-worker-1": "Task execute_workload[c-2] received\n",
     "celery-worker-2": "Task execute_workload[c-1] received\n",
 }
 
 
 def test_owners_of_a_try_from_the_logs() -> None:
-    assert report.scheduler_owning(SCHEDULER_LOGS, "ti-a") == "scheduler-1"
-    assert report.scheduler_owning(SCHEDULER_LOGS, "ti-b") == "scheduler-2"
-    assert report.scheduler_owning(SCHEDULER_LOGS, "ti-c") is None
+    assert report.scheduler_owning(SCHEDULER_LOGS, "c-1") == "scheduler-1"
+    assert report.scheduler_owning(SCHEDULER_LOGS, "c-2") == "scheduler-2"
+    assert report.scheduler_owning(SCHEDULER_LOGS, "c-") is None  # a prefix is not the id
+    assert report.scheduler_owning(SCHEDULER_LOGS, "") is None
     assert report.worker_owning(SCHEDULER_LOGS, "c-1") == "celery-worker-2"
     assert report.worker_owning(SCHEDULER_LOGS, "") is None
 

@@ -319,9 +319,14 @@ def celery_worker_ready(log_text: str) -> bool:
     return re.search(r"@\S+ ready\.", log_text) is not None
 
 
-def scheduler_owning(logs: Mapping[str, str], ti_id: str) -> str | None:
-    """The scheduler whose executor sent the task instance ``ti_id`` (it logged its external executor id)."""
-    pattern = re.compile(rf"Setting external_executor_id for [^\n]*ti_id={re.escape(ti_id)}")
+def scheduler_owning(logs: Mapping[str, str], celery_task_id: str) -> str | None:
+    """
+    The scheduler whose executor sent the Celery task ``celery_task_id``: it logged setting that id as
+    the try's external executor id (matched on the id, since the task instance's repr differs by release).
+    """
+    if not celery_task_id:
+        return None
+    pattern = re.compile(rf"Setting external_executor_id for [^\n]* to {re.escape(celery_task_id)}(?!\S)")
     return next(
         (name for name, text in logs.items() if name.startswith("scheduler") and pattern.search(text)), None
     )

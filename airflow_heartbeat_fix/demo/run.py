@@ -205,18 +205,18 @@ def is_celery_worker(name: str) -> bool:
 
 def kill_target(scenario: str, tis: list[dict[str, Any]], logs: dict[str, str]) -> str | None:
     """
-    The component to SIGKILL now, or None: once both Dags' first tries run, the scheduler that queued
-    the callback Dag's try (it logged setting its external executor id) or the worker that received it.
+    The component to SIGKILL now, or None: once both Dags' first tries run, the scheduler that sent the
+    callback Dag's try to Celery (it logged that try's external executor id) or the worker that received it.
     """
     if scenario not in KILLS:
         return None
     first = {str(r["dag_id"]): r for r in tis if r.get("try_number") == 1}
     if any(report.state_name(first.get(d, {}).get("state")) != "running" for d in report.DAG_IDS):
         return None
-    ti = first[report.CALLBACK_DAG_ID]
+    celery_task_id = str(first[report.CALLBACK_DAG_ID].get("external_executor_id") or "")
     if scenario == KILL_SCHEDULER:
-        return report.scheduler_owning(logs, str(ti.get("id")))
-    return report.worker_owning(logs, str(ti.get("external_executor_id") or ""))
+        return report.scheduler_owning(logs, celery_task_id)
+    return report.worker_owning(logs, celery_task_id)
 
 
 def sqlite_url(path: Path) -> str:

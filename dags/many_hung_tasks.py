@@ -3,39 +3,23 @@
 Both schedulers of an HA pair then purge fifty heartbeat timeouts in the same few seconds, with their
 row locks, callback requests and executor events interleaved. A correct scheduler pair fails every
 task instance (``retries=0``) and runs exactly one ``on_failure_callback`` per task instance, without
-a deadlock or a crash. Each callback appends one JSON line, with the map index, to
-``$AIRFLOW_HOME/callback_log.jsonl`` (callbacks run in the Dag processor).
+a deadlock or a crash. Each callback is written down, with its map index, by
+``airflow_heartbeat_fix.demo.records``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 from datetime import datetime
-from pathlib import Path
-from typing import Any
 
 from airflow.sdk import dag, task
 
+from airflow_heartbeat_fix.demo.records import record_failure
+
 #: The demo reads this back: how many task instances should each get one callback.
 HUNG_TASKS = 50
-
-
-def record_failure(context: Any) -> None:
-    ti = context["ti"]
-    line = {
-        "dag_id": ti.dag_id,
-        "task_id": ti.task_id,
-        "map_index": ti.map_index,
-        "try_number": ti.try_number,
-        "kind": "on_failure_callback",
-        "time": time.time(),
-    }
-    home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
-    with (Path(home) / "callback_log.jsonl").open("a", encoding="utf-8") as f:
-        f.write(json.dumps(line) + "\n")
 
 
 @dag(

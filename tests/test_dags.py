@@ -91,7 +91,7 @@ def test_callbacks_append_one_json_line_each(
 ) -> None:
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     task = dagbag.get_dag(CALLBACK_DAG).get_task("stall")
-    ti = SimpleNamespace(dag_id=CALLBACK_DAG, task_id="stall", run_id="manual__1", try_number=1)
+    ti = SimpleNamespace(dag_id=CALLBACK_DAG, task_id="stall", run_id="manual__1", map_index=-1, try_number=1)
     context: dict[str, Any] = {"ti": ti}
     task.on_retry_callback[0](context)
     ti.try_number = 2
@@ -107,3 +107,18 @@ def test_callbacks_append_one_json_line_each(
         1: {"on_retry_callback": 1},
         2: {"on_failure_callback": 1},
     }
+
+
+def test_mapped_callbacks_record_their_map_index(
+    dagbag: DagBag, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--scenario many`` counts callbacks per map index, from the same recorder as the other Dags."""
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    callback = dagbag.get_dag(demo_report.MANY_DAG_ID).get_task("stall").on_failure_callback
+    record = callback[0] if isinstance(callback, list) else callback
+    for map_index in (0, 1, 1):
+        ti = SimpleNamespace(dag_id=demo_report.MANY_DAG_ID, task_id="stall", run_id="r", try_number=1)
+        record({"ti": SimpleNamespace(**vars(ti), map_index=map_index)})
+
+    lines = [json.loads(line) for line in (tmp_path / "callback_log.jsonl").read_text().splitlines()]
+    assert demo_report.count_per_map_index(lines, demo_report.MANY_DAG_ID) == {0: 1, 1: 2}

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from airflow_heartbeat_fix import demo
-from airflow_heartbeat_fix.demo import email_backend, html_report, processes, report, run
+from airflow_heartbeat_fix.demo import html_report, processes, records, report, run, topology
 from airflow_heartbeat_fix.demo.report import DagOutcome, RunResult, SchedulerOutcome, TryRow
 from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX, FixState
 
@@ -357,7 +357,7 @@ def test_airflow_env_is_isolated_and_sets_the_switch(tmp_path: Path) -> None:
     assert env["AIRFLOW__HEARTBEAT_FIX__ENABLED"] == "False"
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:8765/execution/"
     assert env["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] == "10"
-    assert env["AIRFLOW__EMAIL__EMAIL_BACKEND"] == "airflow_heartbeat_fix.demo.email_backend.send_email"
+    assert env["AIRFLOW__EMAIL__EMAIL_BACKEND"] == "airflow_heartbeat_fix.demo.records.send_email"
     assert env["TMPDIR"] == str(tmp_path / "tmp")
 
 
@@ -372,41 +372,42 @@ def test_bytecode_env_caches_in_the_home_only_when_needed(tmp_path: Path) -> Non
 
 
 def test_default_home_and_db_label(tmp_path: Path) -> None:
-    assert run.db_label(None) == "sqlite"
-    assert run.db_label("postgresql+psycopg://u:p@h/db") == "postgresql"
+    assert topology.db_label(None) == "sqlite"
+    assert topology.db_label("postgresql+psycopg://u:p@h/db") == "postgresql"
     assert run.default_home(tmp_path, "3.4.0b2", None) == tmp_path / ".demo" / "3.4.0b2-sqlite"
     pg = "postgresql://h/db"
     assert (
-        run.default_home(tmp_path, "3.3.2", pg, run.CELERY) == tmp_path / ".demo" / "3.3.2-postgresql-celery"
+        run.default_home(tmp_path, "3.3.2", pg, topology.CELERY)
+        == tmp_path / ".demo" / "3.3.2-postgresql-celery"
     )
 
 
 PG = "postgresql+psycopg://u:p@h/db"
-CELERY = run.Topology(executor=run.CELERY, schedulers=2, broker_url="redis://127.0.0.1:6389/0")
+CELERY = topology.Topology(executor=topology.CELERY, schedulers=2, broker_url="redis://127.0.0.1:6389/0")
 
 
 @pytest.mark.parametrize(
-    ("topology", "database", "refusal"),
+    ("shape", "database", "refusal"),
     [
-        (run.Topology(), None, None),
+        (topology.Topology(), None, None),
         (CELERY, PG, None),
-        (run.Topology(schedulers=2), PG, None),
+        (topology.Topology(schedulers=2), PG, None),
         (CELERY, None, "Airflow's CeleryExecutor cannot use SQLite"),
-        (run.Topology(schedulers=2), None, "SQLite allows only one scheduler"),
-        (run.Topology(executor=run.CELERY), PG, "needs --broker-url"),
-        (run.Topology(schedulers=0), PG, "--schedulers takes 1 or more"),
+        (topology.Topology(schedulers=2), None, "SQLite allows only one scheduler"),
+        (topology.Topology(executor=topology.CELERY), PG, "needs --broker-url"),
+        (topology.Topology(schedulers=0), PG, "--schedulers takes 1 or more"),
     ],
 )
-def test_topology_refusal(topology: run.Topology, database: str | None, refusal: str | None) -> None:
-    found = run.topology_refusal(topology, database)
+def test_topology_refusal(shape: topology.Topology, database: str | None, refusal: str | None) -> None:
+    found = topology.topology_refusal(shape, database)
     assert found == refusal if refusal is None else refusal in (found or "")
 
 
 def test_executor_env_celery_uses_the_runs_queue_and_database_for_results() -> None:
-    assert run.executor_env(run.Topology(), database_url=PG, queue="q") == {
+    assert topology.executor_env(topology.Topology(), database_url=PG, queue="q") == {
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor"
     }
-    env = run.executor_env(CELERY, database_url=PG, queue="hbfix-demo-stock-1")
+    env = topology.executor_env(CELERY, database_url=PG, queue="hbfix-demo-stock-1")
     assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
     assert env["AIRFLOW__CELERY__BROKER_URL"] == "redis://127.0.0.1:6389/0"
     assert env["AIRFLOW__CELERY__RESULT_BACKEND"] == f"db+{PG}"
@@ -414,9 +415,9 @@ def test_executor_env_celery_uses_the_runs_queue_and_database_for_results() -> N
 
 
 def test_component_commands_per_topology(tmp_path: Path) -> None:
-    local = run.component_commands(run.Topology(), "airflow", port=1, home=tmp_path, queue="q")
+    local = topology.component_commands(topology.Topology(), "airflow", port=1, home=tmp_path, queue="q")
     assert [name for name, _ in local] == ["api-server", "dag-processor", "scheduler"]
-    celery = run.component_commands(CELERY, "airflow", port=1, home=tmp_path, queue="q")
+    celery = topology.component_commands(CELERY, "airflow", port=1, home=tmp_path, queue="q")
     names = [name for name, _ in celery]
     assert names == [
         "api-server",
@@ -426,14 +427,14 @@ def test_component_commands_per_topology(tmp_path: Path) -> None:
         "celery-worker-1",
         "celery-worker-2",
     ]
-    assert [n for n in names if run.is_scheduler(n)] == ["scheduler-1", "scheduler-2"]
+    assert [n for n in names if topology.is_scheduler(n)] == ["scheduler-1", "scheduler-2"]
     workers = [argv for name, argv in celery if name.startswith("celery-worker")]
     hostnames = {argv[argv.index("--celery-hostname") + 1] for argv in workers}
     pid_files = {argv[argv.index("--pid") + 1] for argv in workers}
     assert len(hostnames) == len(pid_files) == 2
     assert all(argv[argv.index("--queues") + 1] == "q" and "--skip-serve-logs" in argv for argv in workers)
     assert CELERY.label == "CeleryExecutor, 2 schedulers, 2 Celery workers"
-    assert run.Topology().label == "LocalExecutor, 1 scheduler"
+    assert topology.Topology().label == "LocalExecutor, 1 scheduler"
 
 
 def test_celery_worker_ready() -> None:
@@ -478,7 +479,7 @@ def test_prepare_home_writes_dags_and_subject_template(tmp_path: Path) -> None:
     assert not (home / "old").exists()
     assert (home / "dags" / "a.py").read_text() == "x = 1\n"
     assert (home / "logs").is_dir() and (home / "tmp").is_dir()
-    assert (home / "email_subject.j2").read_text() == email_backend.SUBJECT_TEMPLATE
+    assert (home / "email_subject.j2").read_text() == records.SUBJECT_TEMPLATE
 
 
 @pytest.mark.parametrize(
@@ -505,15 +506,15 @@ def test_bad_arguments_exit_2_before_starting_anything(
 def test_email_backend_records_subject_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     ti = {"dag_id": CB, "task_id": "stall", "run_id": "manual__2026-11-30T06:13:39+00:00"}
-    subject = jinja2.Template(email_backend.SUBJECT_TEMPLATE).render(ti=ti, try_number=2)
-    email_backend.send_email(["alerts@example.com"], subject, "<b>body</b>", conn_id=None, from_email="a@b")
-    (line,) = report.parse_jsonl((tmp_path / email_backend.EMAIL_LOG_NAME).read_text())
+    subject = jinja2.Template(records.SUBJECT_TEMPLATE).render(ti=ti, try_number=2)
+    records.send_email(["alerts@example.com"], subject, "<b>body</b>", conn_id=None, from_email="a@b")
+    (line,) = report.parse_jsonl((tmp_path / records.EMAIL_LOG_NAME).read_text())
     assert line["fields"] == {**ti, "try_number": 2}
     assert report.count_emails([line], CB) == {2: 1}
 
 
 def test_email_subject_that_is_not_ours_is_kept_raw() -> None:
-    assert email_backend.parse_subject("Airflow alert: <TaskInstance ...>") is None
+    assert records.parse_subject("Airflow alert: <TaskInstance ...>") is None
 
 
 # --- processes ------------------------------------------------------------------------------------
@@ -944,23 +945,23 @@ def test_kill_target_waits_until_both_first_tries_run() -> None:
         {"dag_id": CB, "try_number": 1, "state": "running", "id": "ti-a", "external_executor_id": "c-1"},
         {"dag_id": RETRY, "try_number": 1, "state": "queued", "id": "ti-b", "external_executor_id": "c-2"},
     ]
-    assert run.kill_target(run.KILL_SCHEDULER, tis, SCHEDULER_LOGS) is None
+    assert topology.kill_target(topology.KILL_SCHEDULER, tis, SCHEDULER_LOGS) is None
     tis[1]["state"] = "running"
-    assert run.kill_target(run.HUNG, tis, SCHEDULER_LOGS) is None
-    assert run.kill_target(run.KILL_SCHEDULER, tis, SCHEDULER_LOGS) == "scheduler-1"
-    assert run.kill_target(run.KILL_WORKER, tis, SCHEDULER_LOGS) == "celery-worker-2"
+    assert topology.kill_target(topology.HUNG, tis, SCHEDULER_LOGS) is None
+    assert topology.kill_target(topology.KILL_SCHEDULER, tis, SCHEDULER_LOGS) == "scheduler-1"
+    assert topology.kill_target(topology.KILL_WORKER, tis, SCHEDULER_LOGS) == "celery-worker-2"
 
 
 @pytest.mark.parametrize(
-    ("topology", "refusal"),
+    ("shape", "refusal"),
     [
-        (run.Topology(scenario=run.KILL_WORKER), "--scenario kill-worker needs --executor celery"),
-        (dataclasses.replace(CELERY, schedulers=1, scenario=run.KILL_SCHEDULER), "needs --schedulers 2"),
-        (dataclasses.replace(CELERY, scenario=run.KILL_SCHEDULER), None),
+        (topology.Topology(scenario=topology.KILL_WORKER), "--scenario kill-worker needs --executor celery"),
+        (dataclasses.replace(CELERY, schedulers=1, scenario=topology.KILL_SCHEDULER), "needs --schedulers 2"),
+        (dataclasses.replace(CELERY, scenario=topology.KILL_SCHEDULER), None),
     ],
 )
-def test_scenario_refusal(topology: run.Topology, refusal: str | None) -> None:
-    found = run.topology_refusal(topology, PG)
+def test_scenario_refusal(shape: topology.Topology, refusal: str | None) -> None:
+    found = topology.topology_refusal(shape, PG)
     assert found == refusal if refusal is None else refusal in (found or "")
 
 
@@ -969,7 +970,9 @@ def test_injected_row_only_for_kill_scenarios() -> None:
         label="fixed", fix_enabled=True, airflow_version="3.4.0b2", database="postgresql", home="h"
     )
     assert "injected" not in report.render_table([hung])
-    killed = dataclasses.replace(hung, scenario=run.KILL_WORKER, injected=["SIGKILL celery-worker-1 at 20 s"])
+    killed = dataclasses.replace(
+        hung, scenario=topology.KILL_WORKER, injected=["SIGKILL celery-worker-1 at 20 s"]
+    )
     assert "SIGKILL celery-worker-1 at 20 s" in report.render_table([killed])
 
 
@@ -994,8 +997,8 @@ def test_mapped_rows_get_one_task_id_per_map_index() -> None:
     assert run._mapped_task_id({"task_id": "stall", "map_index": 7})["task_id"] == "stall[7]"
     assert run._mapped_task_id({"task_id": "stall", "map_index": -1})["task_id"] == "stall"
     assert run._mapped_task_id({"task_id": "stall", "region_index": 3})["task_id"] == "stall[3]"  # 3.4
-    many = dataclasses.replace(CELERY, scenario=run.MANY)
+    many = dataclasses.replace(CELERY, scenario=topology.MANY)
     assert report.scenario_dag_ids(many.scenario) == (*report.DAG_IDS, report.MANY_DAG_ID)
-    env = run.executor_env(many, database_url=PG, queue="q")
+    env = topology.executor_env(many, database_url=PG, queue="q")
     assert int(env["AIRFLOW__CELERY__WORKER_CONCURRENCY"]) * many.workers >= report.MANY_TASKS + 4
-    assert run.kill_target(run.MANY, [], {}) is None
+    assert topology.kill_target(topology.MANY, [], {}) is None

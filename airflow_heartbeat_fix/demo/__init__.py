@@ -25,15 +25,10 @@ from typing import IO, TYPE_CHECKING, Any
 from airflow_heartbeat_fix.demo import report
 from airflow_heartbeat_fix.demo.html_report import render_html
 from airflow_heartbeat_fix.demo.run import (
-    EXECUTORS,
-    HUNG,
     LABELS,
-    LOCAL,
-    SCENARIOS,
     DemoConfig,
     DemoError,
     DemoRun,
-    Topology,
     UsageError,
     airflow_executable,
     database_refusal,
@@ -44,8 +39,8 @@ from airflow_heartbeat_fix.demo.run import (
     find_dag_sources,
     installed_airflow_version,
     probe_features,
-    topology_refusal,
 )
+from airflow_heartbeat_fix.demo.topology import EXECUTORS, HUNG, LOCAL, SCENARIOS, Topology, topology_refusal
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -27,7 +27,8 @@ import pytest
 
 from airflow_heartbeat_fix import activation, detection
 from airflow_heartbeat_fix.demo.report import CALLBACK_DAG_ID, CRASH, DAG_IDS, DUPLICATES, expected_stock_bug
-from airflow_heartbeat_fix.demo.run import KILL_SCHEDULER, KILL_WORKER, installed_airflow_version
+from airflow_heartbeat_fix.demo.run import installed_airflow_version
+from airflow_heartbeat_fix.demo.topology import KILL_SCHEDULER, KILL_WORKER
 
 pytestmark = pytest.mark.e2e
 

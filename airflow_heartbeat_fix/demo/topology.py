@@ -1,0 +1,158 @@
+"""
+Where one demo run runs: the database kind, the executor, how many schedulers and Celery workers, and
+the scenario (hung tries, plus a SIGKILL or fifty more hung tries). Pure decisions only; :mod:`run`
+starts what they name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_heartbeat_fix.demo import report
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+SQLITE = "sqlite"
+LOCAL, CELERY = "local", "celery"
+#: ``--executor`` -> ``[core] executor``.
+EXECUTORS = {LOCAL: "LocalExecutor", CELERY: "CeleryExecutor"}
+#: ``--scenario``: what happens besides the frozen supervisors. The kills come once both Dags' first
+#: tries run (frozen), and hit the component that owns the callback Dag's first try.
+HUNG, KILL_SCHEDULER, KILL_WORKER, MANY = "hung", "kill-scheduler", "kill-worker", report.MANY_SCENARIO
+SCENARIOS = {
+    HUNG: "the tasks freeze their own supervisor (default)",
+    KILL_SCHEDULER: "hung, then the scheduler that queued them is SIGKILLed; the other must adopt them",
+    KILL_WORKER: "hung, then the Celery worker running them is SIGKILLed (the OOM-kill case)",
+    MANY: f"hung, plus {report.MANY_TASKS} mapped task instances that freeze at once",
+}
+KILLS = (KILL_SCHEDULER, KILL_WORKER)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Which executor and how many schedulers one run starts (Celery: ``workers`` workers on Redis)."""
+
+    executor: str = LOCAL
+    schedulers: int = 1
+    broker_url: str | None = None
+    workers: int = 2
+    #: A frozen try holds its worker slot for good: 4 tries in all, on one worker if the other is killed.
+    worker_concurrency: int = 4
+    scenario: str = HUNG
+
+    @property
+    def slots_per_worker(self) -> int:
+        """``worker_concurrency``; for ``--scenario many`` room for every mapped try and the four others."""
+        if self.scenario != MANY:
+            return self.worker_concurrency
+        return -(-(report.MANY_TASKS + 4) // self.workers) + 1
+
+    @property
+    def label(self) -> str:
+        parts = [EXECUTORS[self.executor], f"{self.schedulers} scheduler{'s' * (self.schedulers > 1)}"]
+        if self.executor == CELERY:
+            parts.append(f"{self.workers} Celery workers")
+        if self.scenario != HUNG:
+            parts.append(self.scenario)
+        return ", ".join(parts)
+
+
+def db_label(database: str | None) -> str:
+    if not database:
+        return SQLITE
+    return database.split(":", 1)[0].split("+", 1)[0]
+
+
+def topology_refusal(topology: Topology, database: str | None) -> str | None:
+    """Why the demo cannot run this topology on this database, or None."""
+    if topology.executor not in EXECUTORS:
+        return f"--executor takes one of {', '.join(EXECUTORS)}"
+    if topology.schedulers < 1:
+        return "--schedulers takes 1 or more"
+    if db_label(database) == SQLITE and topology.executor == CELERY:
+        return "--executor celery needs a PostgreSQL --database: Airflow's CeleryExecutor cannot use SQLite"
+    if db_label(database) == SQLITE and topology.schedulers > 1:
+        return "--schedulers 2 or more needs a PostgreSQL --database: SQLite allows only one scheduler"
+    if topology.executor == CELERY and not topology.broker_url:
+        return "--executor celery needs --broker-url redis://HOST:PORT/DB (scripts/redis.sh start prints one)"
+    if topology.executor != CELERY and topology.broker_url:
+        return "--broker-url is for --executor celery"
+    if topology.scenario not in SCENARIOS:
+        return f"--scenario takes one of {', '.join(SCENARIOS)}"
+    if topology.scenario != HUNG and topology.executor != CELERY:
+        return f"--scenario {topology.scenario} needs --executor celery"
+    if topology.scenario == KILL_SCHEDULER and topology.schedulers < 2:
+        return "--scenario kill-scheduler needs --schedulers 2 or more (one must survive to adopt)"
+    return None
+
+
+def executor_env(topology: Topology, *, database_url: str, queue: str) -> dict[str, str]:
+    """
+    What :func:`airflow_env` adds for ``topology``. Celery: the run's own queue, so a worker never takes
+    a task another run (or an earlier demo) left in the broker; results in the run's metadata database.
+    """
+    env = {"AIRFLOW__CORE__EXECUTOR": EXECUTORS[topology.executor]}
+    if topology.executor == CELERY:
+        assert topology.broker_url is not None
+        env.update(
+            {
+                "AIRFLOW__CELERY__BROKER_URL": topology.broker_url,
+                "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{database_url}",
+                "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(topology.slots_per_worker),
+                "AIRFLOW__OPERATORS__DEFAULT_QUEUE": queue,
+            }
+        )
+    if topology.scenario == MANY:
+        # Every hung try holds a running slot: room for all of them at once, on each scheduler.
+        env["AIRFLOW__CORE__PARALLELISM"] = str(2 * report.MANY_TASKS)
+    if topology.scenario == KILL_SCHEDULER:
+        # The survivor looks for a dead scheduler's tasks every 10 s instead of every 5 minutes.
+        env["AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL"] = "10"
+    return env
+
+
+def component_commands(
+    topology: Topology, airflow: str, *, port: int, home: Path, queue: str
+) -> list[tuple[str, list[str]]]:
+    """``(name, argv)`` of every long-running component; schedulers are named ``scheduler*``."""
+    api = [airflow, "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1"]
+    commands = [("api-server", api), ("dag-processor", [airflow, "dag-processor"])]
+    scheduler = [airflow, "scheduler", "--skip-serve-logs"]
+    if topology.schedulers == 1:
+        commands.append(("scheduler", scheduler))
+    else:
+        commands += [(f"scheduler-{n}", scheduler) for n in range(1, topology.schedulers + 1)]
+    if topology.executor == CELERY:
+        for n in range(1, topology.workers + 1):
+            worker = [airflow, "celery", "worker", "--queues", queue]
+            worker += ["--concurrency", str(topology.slots_per_worker), "--skip-serve-logs"]
+            # Distinct hostnames and pid files: two workers on one machine and one AIRFLOW_HOME.
+            worker += ["--celery-hostname", f"worker{n}@{queue}", "--pid", str(home / f"worker-{n}.pid")]
+            commands.append((f"celery-worker-{n}", worker))
+    return commands
+
+
+def is_scheduler(name: str) -> bool:
+    return name.startswith("scheduler")
+
+
+def is_celery_worker(name: str) -> bool:
+    return name.startswith("celery-worker")
+
+
+def kill_target(scenario: str, tis: list[dict[str, Any]], logs: dict[str, str]) -> str | None:
+    """
+    The component to SIGKILL now, or None: once both Dags' first tries run, the scheduler that sent the
+    callback Dag's try to Celery (it logged that try's external executor id) or the worker that received it.
+    """
+    if scenario not in KILLS:
+        return None
+    first = {str(r["dag_id"]): r for r in tis if r.get("try_number") == 1}
+    if any(report.state_name(first.get(d, {}).get("state")) != "running" for d in report.DAG_IDS):
+        return None
+    celery_task_id = str(first[report.CALLBACK_DAG_ID].get("external_executor_id") or "")
+    if scenario == KILL_SCHEDULER:
+        return report.scheduler_owning(logs, celery_task_id)
+    return report.worker_owning(logs, celery_task_id)

@@ -49,12 +49,18 @@ CELLS = [*itertools.product(FULL, DBS, MODES), *itertools.product(SWEEP, ["sqlit
 #: 3.3.2 included (``bash scripts/demo.sh --airflow 3.3.2`` is its LocalExecutor run).
 E2E_CELLS = [(NEWEST, "sqlite")]
 #: The demo's Celery topology (PostgreSQL, Redis, two schedulers, two workers): the crash and the duplicates.
-E2E_CELERY_VERSIONS = [NEWEST, "3.3.2"]
+E2E_CELERY_VERSIONS = [NEWEST, "3.3.2", "3.1.8"]
 #: The demo's ``--scenario`` values; each runs the hung reproduction Dags, the kills add a SIGKILL.
 CELERY_SCENARIOS = ["hung", "kill-scheduler", "kill-worker", "many"]
 #: What CI runs of them (2 to 4 minutes each): adoption by the other scheduler and 50 hung at once on
-#: the release that crashed, a killed worker on the release that doubled. ``e2e_celery_all``: every pair.
-E2E_CELERY_CELLS = [(NEWEST, "kill-scheduler"), (NEWEST, "many"), ("3.3.2", "kill-worker")]
+#: the release that crashed, a killed worker on the release that doubled, adoption on 3.1 (whose logs
+#: name a try differently). ``e2e_celery_all``: every pair.
+E2E_CELERY_CELLS = [
+    (NEWEST, "kill-scheduler"),
+    (NEWEST, "many"),
+    ("3.3.2", "kill-worker"),
+    ("3.1.8", "kill-scheduler"),
+]
 #: A cell that hangs outside a test (pytest-timeout covers the tests) is killed, with its subprocesses.
 CELL_TIMEOUT = 1200
 TWINE = "6.2.0"

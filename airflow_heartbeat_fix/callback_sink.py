@@ -18,10 +18,10 @@ class SessionPreservingCallbackSink(DatabaseCallbackSink):
     """
     Store callback requests in the caller's transaction and leave the commit to the caller.
 
-    Backports the sink half of upstream's fix for the UniqueViolation crash on retry (seed 003; the
-    commit dates from apache/airflow#21731, the crash from #74222, fixed on main and v3-4-test). Delete
-    once the installed ``DatabaseCallbackSink.send`` takes the caller's session (detection then reports
-    ``session_preserving_sink`` "not needed").
+    Backports the sink half of upstream's fix for the UniqueViolation crash on retry (its PR number is
+    not recorded here; the commit dates from apache/airflow#21731, the crash from #74222, fixed on main
+    and v3-4-test). Delete once the installed ``DatabaseCallbackSink.send`` takes the caller's session
+    (detection then reports ``session_preserving_sink`` "not needed").
 
     Executors call ``send(request)`` without a session, so the stock ``@provide_session`` sink gets the
     scheduler's own thread-local scoped session from ``create_session()`` and commits *and closes* it:

@@ -41,10 +41,10 @@ class CommitDagCallbacksMixin(SchedulerJobRunner):
     """
     Session-preserving sink, scheduler side: commit where the stock sink used to, and nowhere else.
 
-    Backports the scheduler half of upstream's sink fix (seed 003: ``DatabaseCallbackSink.send`` stops
-    committing the caller's session, crash since apache/airflow#74222, backported to v3-4-test). Delete
-    once the installed sink takes the caller's session (detection reports ``session_preserving_sink``
-    "not needed").
+    Backports the scheduler half of upstream's sink fix for the 3.4.0b1/b2 crash
+    (``DatabaseCallbackSink.send`` stops committing the caller's session, crash since
+    apache/airflow#74222, backported to v3-4-test). Delete once the installed sink takes the caller's
+    session (detection reports ``session_preserving_sink`` "not needed").
 
     ``_do_scheduling`` sends Dag-level callbacks and then runs the critical section, which expunges the
     session and can roll it back: it relied on the stock sink's commit, so it now commits after each
@@ -68,7 +68,7 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
     """
     Backport of the converged heartbeat-timeout purge to schedulers that only send the callback.
 
-    Backports apache/airflow#68008 (closes #42553; seed 000, shipped in 3.4.0b1) and the callback type of
+    Backports apache/airflow#68008 (closes #42553; shipped in 3.4.0b1) and the callback type of
     #66767 (closes #65400; 3.3.1+) to 3.2/3.3. Delete once the oldest supported Airflow ships the
     converged purge (detection reports it "not needed").
 
@@ -241,7 +241,7 @@ class LockedPurgeRevalidationMixin(SchedulerJobRunner):
     """
     Hold each task instance's row lock from its re-validation through its own commit.
 
-    Closes the gap upstream names as a known issue of its converged purge (seed 003, "Known issues";
+    Closes the gap upstream names as a known issue of its sink fix for the 3.4.0b1/b2 crash ("Known issues";
     still in 3.4.0b2), which the 3.2/3.3 backport shares: the scan locks the batch, but
     ``handle_failure`` commits per task instance (``TaskInstance.save_to_db``), releasing every other
     row's lock, and the re-check before each task instance's side effects reads without a lock. A

@@ -1,8 +1,9 @@
 """
 Bind ``TaskInstance.set_state`` calls that pass no session to the scheduler batch's session.
 
-Backports the ``session=session`` part of upstream's sink fix (seed 003, backported to v3-4-test; the
-same call site is apache/airflow#73213). Delete once every supported Airflow passes the batch session in
+Backports the ``session=session`` part of upstream's sink fix for the 3.4.0b1/b2 UniqueViolation
+crash (its PR number is not recorded here; backported to v3-4-test; the same call site is
+apache/airflow#73213). Delete once every supported Airflow passes the batch session in
 ``process_executor_events`` (detection then reports the sink fix "not needed").
 
 ``process_executor_events`` calls ``ti.set_state(state)`` without a session when it cannot load a

@@ -2,7 +2,9 @@
 python -m parity --results DIR [--out parity/REPORT.md] [--json PATH] [--tested COMMIT] [--readme README.md]
 
 Reads every ``<version>-<db>-<mode>.xml`` junit file under DIR (subfolders too), checks each declared
-test in each cell against ``parity/expectations.toml``, writes REPORT.md (and the JSON if asked).
+test in each cell against ``parity/expectations.toml``, and each ``status-<version>.json`` (what
+``airflow-heartbeat-fix status -o json`` reported next to that release) against the same declaration;
+writes REPORT.md (and the JSON if asked).
 Exit status: 0 every cell as declared, 1 any difference (listed), 2 invalid expectations or no results.
 """
 
@@ -15,6 +17,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from airflow_heartbeat_fix.detection import FIXES
 from parity import expectations as expectations_module
 from parity.check import Cell, Result, build_report, parse_junit
 from parity.render import as_json, markdown, summary, with_compatibility
@@ -42,6 +45,19 @@ def read_results(
             results.setdefault(cell, {})[node] = result
         stamps += [suite.get("timestamp", "") for suite in root.iter("testsuite")]
     return results, unusable, sorted(filter(None, stamps))
+
+
+def read_statuses(results_dir: Path) -> dict[str, dict[str, str]]:
+    """Per release, each fix's state from ``status-<version>.json``; an unreadable file is a state too."""
+    statuses: dict[str, dict[str, str]] = {}
+    for path in sorted(results_dir.glob("**/status-*.json")):
+        version = path.stem.removeprefix("status-")
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))["fixes"]
+            statuses[version] = {row["fix"]: row["state"] for row in rows}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            statuses[version] = dict.fromkeys(FIXES, f"unreadable {path.name}: {type(e).__name__}")
+    return statuses
 
 
 def checkout_commit() -> str:
@@ -78,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parity: no <version>-<db>-<mode>.xml junit results under {args.results}", file=sys.stderr)
         return 2
 
-    report = build_report(expectations, results, unusable)
+    report = build_report(expectations, results, unusable, read_statuses(args.results))
     provenance = {"Tested commit": args.tested or checkout_commit()}
     if stamps:
         provenance["Cells ran"] = f"{stamps[0]} to {stamps[-1]} (junit start timestamps)"

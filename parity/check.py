@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from airflow_heartbeat_fix.detection import FixState
 from parity.expectations import SWEEP_DBS
 
 if TYPE_CHECKING:
     import xml.etree.ElementTree as ET
+    from collections.abc import Mapping
 
     from parity.expectations import Expectations, TestExpectation
 
@@ -146,20 +148,37 @@ class Row:
 
 @dataclass(frozen=True)
 class Compatibility:
-    """Whether one release needs one fix: declared in [bugs], proven (or contradicted) by the stock cells."""
+    """
+    Whether one release needs one fix: declared in [bugs], proven (or contradicted) by the stock cells,
+    and what ``airflow-heartbeat-fix status`` reported next to that release (``None``: not recorded).
+    """
 
     needed: bool
     proofs: int  # stock cells of the release that behaved as declared for a test of this fix's bugs
     differs: bool
+    status: str | None = None
+
+    @property
+    def expected_status(self) -> str:
+        """What ``status`` must say: the fix applied where the release needs it, left out elsewhere."""
+        return (FixState.ACTIVE if self.needed else FixState.NOT_NEEDED).value
+
+    @property
+    def status_differs(self) -> bool:
+        return self.status is not None and self.status != self.expected_status
 
     @property
     def label(self) -> str:
-        status = "needed" if self.needed else "not needed"
+        need = "needed" if self.needed else "not needed"
         if self.differs:
-            return f"FAIL(declared {status}; stock cells differ)"
-        if not self.proofs:
-            return f"{status} (unproven: no stock result)"
-        return f"{status} ({self.proofs} stock {'xfails' if self.needed else 'passes'})"
+            label = f"FAIL(declared {need}; stock cells differ)"
+        elif not self.proofs:
+            label = f"{need} (unproven: no stock result)"
+        else:
+            label = f"{need} ({self.proofs} stock {'xfails' if self.needed else 'passes'})"
+        if self.status is None:
+            return label
+        return f"{label}; status: {f'FAIL({self.status})' if self.status_differs else self.status}"
 
 
 @dataclass
@@ -189,6 +208,13 @@ class Report:
         ]
         lines += [f"{cell.name}: no results ({why})" for cell, why in self.unusable.items()]
         lines += [f"{node}: in a mirrored module but not declared" for node in self.undeclared]
+        lines += [
+            f"Airflow {version}: `status` reports {fix} {c.status!r}, declared "
+            f"{'needed' if c.needed else 'not needed'}: it must be {c.expected_status!r}"
+            for version, by_fix in self.compatibility.items()
+            for fix, c in by_fix.items()
+            if c.status_differs
+        ]
         return lines
 
     @property
@@ -201,9 +227,16 @@ def _base(node: str) -> str:
 
 
 def build_report(
-    expectations: Expectations, results: dict[Cell, dict[str, Result]], unusable: dict[Cell, str]
+    expectations: Expectations,
+    results: dict[Cell, dict[str, Result]],
+    unusable: dict[Cell, str],
+    statuses: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Report:
-    """Judge every declared test in every matrix cell, and in any other release's cell that has results."""
+    """
+    Judge every declared test in every matrix cell, and in any other release's cell that has results.
+
+    ``statuses``: per release, each fix's state as ``airflow-heartbeat-fix status`` reported it.
+    """
     matrix = matrix_cells(expectations)
     extra = {cell for cell in results if cell.db in expectations.dbs and cell.mode in expectations.modes}
     cells = matrix + sorted(extra - set(matrix))
@@ -234,11 +267,14 @@ def build_report(
     unusable |= {
         cell: "no junit XML for it" for cell in matrix if cell not in results and cell not in unusable
     }
-    return Report(cells, rows, undeclared, unusable, compatibility(expectations, rows, cells))
+    return Report(cells, rows, undeclared, unusable, compatibility(expectations, rows, cells, statuses or {}))
 
 
 def compatibility(
-    expectations: Expectations, rows: list[Row], cells: list[Cell]
+    expectations: Expectations,
+    rows: list[Row],
+    cells: list[Cell],
+    statuses: Mapping[str, Mapping[str, str]],
 ) -> dict[str, dict[str, Compatibility]]:
     """Per release and fix: needed where [bugs] says so; the stock cells of the fix's tests prove it."""
     table: dict[str, dict[str, Compatibility]] = {}
@@ -260,5 +296,6 @@ def compatibility(
                         proofs += verdict.kind == "xfail" and bool(caught & fix_bugs)
                     else:
                         proofs += verdict.kind == "pass"
-            table[version][fix] = Compatibility(needed, proofs, differs)
+            status = statuses.get(version, {}).get(fix)
+            table[version][fix] = Compatibility(needed, proofs, differs, status)
     return table

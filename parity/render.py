@@ -77,7 +77,8 @@ def markdown(report: Report, expectations: Expectations, provenance: dict[str, s
         "## Compatibility",
         "",
         "Which release needs which fix: declared in `[bugs]`, proven by the stock cells of the tests that",
-        "catch the fix's bugs.",
+        "catch the fix's bugs. `status`: what `airflow-heartbeat-fix status` reported next to that release",
+        "(`nox -s install_check`); it must be `active` where the fix is needed, `not needed` elsewhere.",
         "",
     ]
     lines += compatibility_table(report, expectations)
@@ -121,7 +122,13 @@ def as_json(report: Report, provenance: dict[str, str]) -> dict[str, Any]:
         "cells": [cell.name for cell in report.cells],
         "compatibility": {
             version: {
-                fix: {"needed": c.needed, "proofs": c.proofs, "differs": c.differs, "label": c.label}
+                fix: {
+                    "needed": c.needed,
+                    "proofs": c.proofs,
+                    "differs": c.differs,
+                    "status": c.status,
+                    "label": c.label,
+                }
                 for fix, c in by_fix.items()
             }
             for version, by_fix in report.compatibility.items()

@@ -11,13 +11,17 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from tests_common.test_utils.db import clear_db_jobs, clear_db_logs
 
 import airflow_heartbeat_fix
 from airflow_heartbeat_fix import activation, provider_info
 from airflow_heartbeat_fix.detection import FixState
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 # Every test here runs its Airflow processes with the switch it needs, whatever the cell's mode.
 pytestmark = pytest.mark.mode_independent
@@ -74,6 +78,17 @@ def _needed_fixes() -> list[str]:
     return [fix for fix, decision in decided.items() if decision.state is FixState.ACTIVE]
 
 
+@pytest.fixture
+def scheduler_rows_cleared() -> Iterator[None]:
+    """A real ``airflow scheduler`` writes its ``job`` row and a ``log`` row: none is left behind."""
+    clear_db_jobs()
+    clear_db_logs()
+    yield
+    clear_db_jobs()
+    clear_db_logs()
+
+
+@pytest.mark.usefixtures("scheduler_rows_cleared")
 @pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "off-switch"])
 def test_plain_airflow_scheduler_runs_fixed_classes(enabled: bool) -> None:
     needed = _needed_fixes()
@@ -86,6 +101,7 @@ def test_plain_airflow_scheduler_runs_fixed_classes(enabled: bool) -> None:
         assert "HeartbeatFixSchedulerJobRunner" not in output
 
 
+@pytest.mark.usefixtures("scheduler_rows_cleared")
 def test_explicit_scheduler_wrapper_activates_once() -> None:
     needed = _needed_fixes()
     result = _run([STATUS, "scheduler", "--num-runs", "1", "--skip-serve-logs"], enabled=True)

@@ -152,6 +152,38 @@ def test_readme_compatibility_block_is_rewritten(toml: Path, results: Path) -> N
     assert run(toml, results, "--readme", str(readme)) == 2
 
 
+def write_status(results: Path, version: str, states: dict[str, str]) -> None:
+    """What ``airflow-heartbeat-fix status -o json`` writes (only the part parity reads)."""
+    fixes = [{"fix": fix, "state": state} for fix, state in states.items()]
+    (results / f"status-{version}.json").write_text(json.dumps({"fixes": fixes}), encoding="utf-8")
+
+
+def test_status_recorded_next_to_each_release_is_checked(
+    toml: Path, results: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`status` must report a needed fix active and a fix the release does not need "not needed"."""
+    purge, sink = "converged_heartbeat_purge", "session_preserving_sink"
+    write_status(results, V1, {purge: "active", sink: "active"})
+    write_status(results, V2, {purge: "not needed (present upstream)", sink: "active"})
+    assert run(toml, results) == 0
+    report = (toml.parent / "REPORT.md").read_text()
+    active = "needed (6 stock xfails); status: active | needed (3 stock xfails); status: active"
+    assert f"| {V1} | {active} |" in report
+    assert f"| {V2} | not needed (4 stock passes); status: not needed (present upstream) |" in report
+
+    write_status(results, V2, {purge: "active", sink: "unsupported"})
+    assert run(toml, results) == 1
+    err = capsys.readouterr().err
+    assert f"Airflow {V2}: `status` reports {purge} 'active', declared not needed" in err
+    assert f"Airflow {V2}: `status` reports {sink} 'unsupported', declared needed: it must be 'active'" in err
+    assert "status: FAIL(unsupported)" in (toml.parent / "REPORT.md").read_text()
+
+    (results / f"status-{V1}.json").write_text("not json", encoding="utf-8")
+    assert run(toml, results) == 1
+    unreadable = f"`status` reports {sink} 'unreadable status-{V1}.json: JSONDecodeError'"
+    assert unreadable in capsys.readouterr().err
+
+
 def test_results_in_subfolders(toml: Path, results: Path) -> None:
     for xml in list(results.glob("*.xml")):
         (results / xml.stem).mkdir()

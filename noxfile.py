@@ -355,9 +355,11 @@ def demo(session: nox.Session) -> None:
     args, version = list(session.posargs), NEWEST
     for at, arg in enumerate(args):
         if arg.startswith("--airflow"):
-            version = arg.partition("=")[2] or args.pop(at + 1)
+            version = arg.partition("=")[2] or (args.pop(at + 1) if at + 1 < len(args) else "")
             del args[at]
             break
+    if version not in AIRFLOW_VERSIONS:
+        session.error(f"--airflow {version!r}: the demo runs on {', '.join(AIRFLOW_VERSIONS)}")
     if any(arg.startswith(("--database=postgres", "postgres")) for arg in args):
         postgres(session, "start")
     celery = "--executor celery" in " ".join(args) or "--executor=celery" in args

@@ -66,6 +66,17 @@ def status_document() -> dict[str, Any]:
     }
 
 
+def _status_rows(document: dict[str, Any], output: str) -> list[dict[str, str]]:
+    """
+    One row per fix. Only ``table`` renders its cells as rich markup (where "[heartbeat_fix]" would
+    vanish); ``plain`` prints them as they are, so escaping there would show the backslash.
+    """
+    from rich.markup import escape
+
+    keep = escape if output == "table" else str
+    return [{k: keep(row[k]) for k in ("fix", "state", "reason")} for row in document["fixes"]]
+
+
 def _print_status(document: dict[str, Any], output: str) -> None:
     from airflow.cli.simple_table import AirflowConsole
 
@@ -78,10 +89,7 @@ def _print_status(document: dict[str, Any], output: str) -> None:
         print(f"airflow-heartbeat-fix {document['package_version']} on Airflow {document['airflow_version']}")
         print(f"[heartbeat_fix] enabled = {document['enabled']}")
         print(f"activation: {document['activation']}")
-        from rich.markup import escape  # table cells are rich markup: "[heartbeat_fix]" would vanish
-
-        rows = [{k: escape(row[k]) for k in ("fix", "state", "reason")} for row in document["fixes"]]
-        console.print_as(rows, output=output)
+        console.print_as(_status_rows(document, output), output=output)
     if document["config_problem"]:
         _say(document["config_problem"])
 

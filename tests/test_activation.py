@@ -102,6 +102,35 @@ def test_plain_airflow_scheduler_runs_fixed_classes(enabled: bool) -> None:
 
 
 @pytest.mark.usefixtures("scheduler_rows_cleared")
+def test_plain_airflow_scheduler_with_an_invalid_switch_stays_fixed_and_says_so() -> None:
+    """The documented fail-safe: a value that is not a boolean keeps the fixes on, with one log line."""
+    needed = _needed_fixes()
+    result = _run([AIRFLOW, "scheduler", "--num-runs", "1", "--skip-serve-logs"], enabled="on")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert ("airflow-heartbeat-fix: scheduler running with " + ", ".join(needed) in output) is bool(needed)
+    problem = "[heartbeat_fix] enabled = 'on' is not a boolean (accepted: True/False, t/f, 1/0)"
+    assert output.count(problem) == 1, output[-4000:]
+    assert "Traceback" not in output, output[-4000:]
+
+
+def test_status_reads_the_policy_entry_point_from_package_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Importing the package registers the hook in this process: only the metadata says a scheduler will."""
+    from importlib import metadata
+
+    from airflow_heartbeat_fix import cli
+
+    monkeypatch.setattr(metadata, "entry_points", lambda **kwargs: metadata.EntryPoints(()))
+    monkeypatch.setenv("AIRFLOW__HEARTBEAT_FIX__ENABLED", "True")
+    document = cli.status_document()
+    assert document["policy_entry_point_registered"] is False
+    if _needed_fixes():
+        assert document["ok"] is False
+        assert "airflow.policy hook" in document["not_applied"]
+        assert "NOT registered" in document["activation"]
+
+
+@pytest.mark.usefixtures("scheduler_rows_cleared")
 def test_explicit_scheduler_wrapper_activates_once() -> None:
     needed = _needed_fixes()
     result = _run([STATUS, "scheduler", "--num-runs", "1", "--skip-serve-logs"], enabled=True)
@@ -189,6 +218,16 @@ def test_status_table_and_usage_errors() -> None:
     )
     version = _run([STATUS, "--version"], enabled=True, timeout=120)
     assert version.stdout.strip() == f"airflow-heartbeat-fix {airflow_heartbeat_fix.__version__}"
+
+
+def test_status_plain_prints_reasons_as_they_are() -> None:
+    """``-o plain`` is for pipes: no rich markup escapes (a reason once read ``\\[heartbeat_fix] ...``)."""
+    plain = _run([STATUS, "status", "-o", "plain"], enabled=False, timeout=120)
+    disabled = activation.decide(activation.facts(), enabled=False)
+    rows = {line.split(" ", 1)[0]: line.rstrip() for line in plain.stdout.splitlines()}
+    for fix, decision in disabled.items():
+        assert rows[fix].endswith(decision.reason), plain.stdout
+    assert "\\" not in plain.stdout
 
 
 def test_explicit_scheduler_wrapper_refuses_to_run_unfixed() -> None:

@@ -765,6 +765,22 @@ def test_unusable_paths_exit_2_with_one_line(
     assert (tmp_path / "foreign" / "notes.txt").read_text() == "mine\n"
 
 
+def test_demo_script_help_builds_nothing_and_names_airflow(tmp_path: Path) -> None:
+    """``bash scripts/demo.sh --help`` in a fresh clone: the help at once, no environment built first."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "demo.sh"
+    clone = tmp_path / "clone"
+    (clone / "scripts").mkdir(parents=True)
+    (clone / "scripts" / "demo.sh").write_text(script.read_text())
+
+    result = subprocess.run(
+        ["bash", str(clone / "scripts" / "demo.sh"), "--help"], capture_output=True, text=True, timeout=20
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert "--airflow V" in result.stdout
+    assert list(clone.iterdir()) == [clone / "scripts"]  # no .venvs: nothing was installed
+
+
 def test_help_lists_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         demo.main(["--help"])

@@ -12,6 +12,7 @@ need PostgreSQL: SQLite has none.
 
 :class:`TestSchedulerKilledMidPurge` crashes a real ``airflow scheduler`` process instead (SIGKILL
 mid-purge) and restarts one: a callback is stored together with its try's failure or not at all.
+:class:`TestPurgeMetrics` (any database) checks the metrics the purge emits when a try is skipped.
 
 Stock runs must fail where ``parity/expectations.toml`` says the bugs are; fixed runs pass everywhere.
 """
@@ -24,13 +25,17 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from airflow.models.dag import DagModel
 from airflow.models.db_callback_request import DbCallbackRequest
+from airflow.models.taskinstance import TaskInstance
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.utils.session import create_session
 from sqlalchemy import delete, update
 from sqlalchemy.exc import OperationalError
 from tests_common.test_utils.db import clear_db_callbacks, clear_db_jobs, clear_db_logs, clear_db_runs
 
+from airflow_heartbeat_fix import activation
+from airflow_heartbeat_fix import scheduler as scheduler_module
 from airflow_heartbeat_fix.activation import is_enabled
+from airflow_heartbeat_fix.detection import PURGE_FIX, FixState
 from airflow_heartbeat_fix.scheduler import _typed_task_callbacks, changed_since_scan
 from tests import purge_race_harness as harness
 
@@ -174,6 +179,59 @@ class TestSchedulerKilledMidPurge:
 
         print(result.summary())
         assert result.problems() == [], result.verdict()
+
+
+@pytest.mark.mode_independent  # the package's own metrics: stock Airflow emits none of them
+@pytest.mark.usefixtures("clean_db")
+class TestPurgeMetrics:
+    """The ``Stats`` the fixed purge emits, with the names and tags the README documents."""
+
+    DAG_ID = "heartbeat_fix_metrics"
+
+    @pytest.fixture
+    def emitted(self, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, str]]]:
+        calls: list[tuple[str, dict[str, str]]] = []
+
+        class RecordingStats:
+            @staticmethod
+            def incr(name: str, *args: Any, tags: dict[str, str] | None = None, **kwargs: Any) -> None:
+                calls.append((name, dict(tags or {})))
+
+        monkeypatch.setattr(scheduler_module, "Stats", RecordingStats)
+        return calls
+
+    def test_converged_and_skipped_changed(
+        self, dag_maker: DagMaker, session: Session, emitted: list[tuple[str, dict[str, str]]]
+    ) -> None:
+        """
+        Two timed-out tries; a worker heartbeats for one of them between the scan and the purge. The
+        lock's re-validation skips that one (``skipped_changed``, every release); the other converges,
+        counted as ``converged`` where the backported purge runs (upstream's own purge counts nothing).
+        """
+        runner = harness.new_runner(session)
+        with dag_maker(dag_id=self.DAG_ID, schedule=None, session=session):
+            EmptyOperator(task_id="hung")
+            EmptyOperator(task_id="revived")
+        dag_run = dag_maker.create_dagrun()
+        harness.make_stale(dag_run.get_task_instances(session=session), runner, session)
+        found = runner._find_task_instances_without_heartbeats(session=session)
+        session.commit()  # the scan's transaction ends, so the worker's commit can land
+        with create_session(scoped=False) as worker:
+            worker.execute(
+                update(TaskInstance)
+                .where(TaskInstance.dag_id == self.DAG_ID, TaskInstance.task_id == "revived")
+                .values(last_heartbeat_at=datetime.now(tz=timezone.utc))
+            )
+
+        runner._purge_task_instances_without_heartbeats(found, session=session)
+        session.commit()
+
+        decided = activation.decide(activation.facts(), enabled=True)
+        expected = [("heartbeat_fix.heartbeat_timeout.skipped_changed", {"dag_id": self.DAG_ID})]
+        if decided[PURGE_FIX].state is FixState.ACTIVE:
+            converged = {"dag_id": self.DAG_ID, "task_id": "hung"}
+            expected.append(("heartbeat_fix.heartbeat_timeout.converged", converged))
+        assert sorted(emitted, key=str) == sorted(expected, key=str)
 
 
 class TestTypedTaskCallbacks:

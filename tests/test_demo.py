@@ -7,6 +7,7 @@ The full demo (real scheduler, Dag processor and API server, about two minutes p
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -689,6 +690,43 @@ def test_database_refusal_allows_empty_own_or_explicitly_reset_databases() -> No
     )
     assert refusal is not None and "7 tables (t0, t1, t2, t3, t4, ...)" in refusal
     assert "secret" not in refusal and refusal.startswith("postgresql://u:***@h/db already has")
+
+
+def test_demo_refuses_its_own_database_once_it_holds_someone_elses_data(
+    tmp_path: Path, nothing_starts: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A database the demo once marked, then used for real work: the demo must not reset it silently."""
+    import sqlite3
+
+    path = tmp_path / "was-demo.db"
+    url = f"sqlite:///{path}"
+    run.mark_database_as_demo(url)
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("CREATE TABLE dag (dag_id VARCHAR(250))")
+        db.execute("CREATE TABLE variable (key VARCHAR(250))")
+        db.executemany("INSERT INTO dag VALUES (?)", [(report.CALLBACK_DAG_ID,), ("payroll",)])
+        db.execute("INSERT INTO variable VALUES ('api_key')")
+    assert run.foreign_data(url, run.database_tables(url)) == ["Dags payroll", "1 variables"]
+
+    code = demo.main(["--home", str(tmp_path / "home"), "--database", url])
+
+    line = _one_line(capsys)
+    assert code == demo.EXIT_USAGE
+    assert "was a demo database but now holds data the demo did not write (Dags payroll; 1 variables)" in line
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT key FROM variable").fetchall() == [("api_key",)]
+
+
+def test_foreign_data_ignores_the_demos_own_dags(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "demo.db"
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("CREATE TABLE dag (dag_id VARCHAR(250))")
+        db.executemany("INSERT INTO dag VALUES (?)", [(d,) for d in (*report.DAG_IDS, report.MANY_DAG_ID)])
+    url = f"sqlite:///{path}"
+    assert run.foreign_data(url, run.database_tables(url)) == []
+    assert run.database_refusal(["dag", run.DEMO_TABLE], url, reset_allowed=False, foreign=[]) is None
 
 
 def test_demo_database_mark_lets_the_demo_reset_it_again(tmp_path: Path) -> None:

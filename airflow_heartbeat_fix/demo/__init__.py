@@ -25,6 +25,7 @@ from typing import IO, TYPE_CHECKING, Any
 from airflow_heartbeat_fix.demo import report
 from airflow_heartbeat_fix.demo.html_report import render_html
 from airflow_heartbeat_fix.demo.run import (
+    DEMO_TABLE,
     LABELS,
     DemoConfig,
     DemoError,
@@ -37,6 +38,7 @@ from airflow_heartbeat_fix.demo.run import (
     display_url,
     ensure_database_exists,
     find_dag_sources,
+    foreign_data,
     installed_airflow_version,
     probe_features,
 )
@@ -204,6 +206,7 @@ def check_database(config: DemoConfig) -> str | None:
     try:
         ensure_database_exists(config.database)
         tables = database_tables(config.database)
+        foreign = foreign_data(config.database, tables) if DEMO_TABLE in tables else []
     except ArgumentError as exc:  # not a URL, or a dialect/driver this environment does not have
         raise UsageError(f"--database {config.database!r}: {exc}") from exc
     except DemoError:
@@ -211,7 +214,7 @@ def check_database(config: DemoConfig) -> str | None:
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DemoError(f"cannot use --database {display_url(config.database)}: {first_line}") from exc
-    refusal = database_refusal(tables, config.database, reset_allowed=config.reset_database)
+    refusal = database_refusal(tables, config.database, reset_allowed=config.reset_database, foreign=foreign)
     if refusal is not None:
         raise UsageError(refusal)
     if config.reset_database and tables:

@@ -390,10 +390,52 @@ def display_url(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def database_refusal(tables: list[str], url: str, *, reset_allowed: bool) -> str | None:
-    """Why the demo must not reset this database, or None: empty, made by the demo, or reset allowed."""
-    if not tables or DEMO_TABLE in tables or reset_allowed:
+#: Rows the demo never writes: in a database it marked, any of them came from someone else.
+FOREIGN_ROWS = {"variable": "variables", "connection": "connections"}
+
+
+def foreign_data(url: str, tables: list[str]) -> list[str]:
+    """What a database the demo marked holds that it did not write: other Dags, variables, connections."""
+    from sqlalchemy import bindparam, create_engine, text
+
+    engine = create_engine(url, poolclass=_null_pool())
+    found: list[str] = []
+    try:
+        with engine.connect() as conn:
+            if "dag" in tables:
+                query = text("SELECT dag_id FROM dag WHERE dag_id NOT IN :ours ORDER BY dag_id").bindparams(
+                    bindparam("ours", expanding=True)
+                )
+                others = list(conn.execute(query, {"ours": [*report.DAG_IDS, report.MANY_DAG_ID]}).scalars())
+                if others:
+                    found.append(f"Dags {', '.join(others[:5])}{', ...' if len(others) > 5 else ''}")
+            for table, what in FOREIGN_ROWS.items():
+                if table in tables and (
+                    count := conn.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar()
+                ):
+                    found.append(f"{count} {what}")
+    finally:
+        engine.dispose()
+    return found
+
+
+def database_refusal(
+    tables: list[str], url: str, *, reset_allowed: bool, foreign: list[str] | None = None
+) -> str | None:
+    """
+    Why the demo must not reset this database, or None: empty, made by the demo and holding nothing
+    else (``foreign``: :func:`foreign_data`), or reset allowed.
+    """
+    if not tables or reset_allowed:
         return None
+    if DEMO_TABLE in tables:
+        if not foreign:
+            return None
+        return (
+            f"{display_url(url)} was a demo database but now holds data the demo did not write "
+            f"({'; '.join(foreign)}); it would drop it (airflow db reset). Pass --reset-database to allow "
+            "that, or use an empty database"
+        )
     shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
     return (
         f"{display_url(url)} already has {len(tables)} tables ({shown}) the demo did not create; it "

@@ -8,4 +8,4 @@ scheduler command is imported.
 
 from __future__ import annotations
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

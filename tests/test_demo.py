@@ -7,6 +7,7 @@ The full demo (real scheduler, Dag processor and API server, about two minutes p
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import json
@@ -1017,6 +1018,17 @@ def test_kill_target_waits_until_both_first_tries_run() -> None:
 def test_scenario_refusal(shape: topology.Topology, refusal: str | None) -> None:
     found = topology.topology_refusal(shape, PG)
     assert found == refusal if refusal is None else refusal in (found or "")
+
+
+def test_nox_celery_scenarios_are_the_demos() -> None:
+    """``noxfile.py`` cannot import the demo (no psutil in the runner's environment): its list must match."""
+    noxfile = ast.parse((Path(__file__).resolve().parent.parent / "noxfile.py").read_text(encoding="utf-8"))
+    (listed,) = [
+        ast.literal_eval(node.value)
+        for node in noxfile.body
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["CELERY_SCENARIOS"]
+    ]
+    assert listed == list(topology.SCENARIOS)
 
 
 def test_injected_row_only_for_kill_scenarios() -> None:

@@ -138,7 +138,7 @@ class Processes:
     def kill(self, name: str) -> None:
         """SIGKILL the component ``name`` and its process group at once (what it started stays tracked)."""
         self.track()
-        _signal_group(self.components[name].popen.pid, signal.SIGKILL)
+        self.components[name].kill_group()
 
     def track(self) -> None:
         """Remember every live descendant of the started processes (call it every second or so)."""

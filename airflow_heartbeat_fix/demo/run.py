@@ -406,7 +406,8 @@ def foreign_data(url: str, tables: list[str]) -> list[str]:
                 query = text("SELECT dag_id FROM dag WHERE dag_id NOT IN :ours ORDER BY dag_id").bindparams(
                     bindparam("ours", expanding=True)
                 )
-                others = list(conn.execute(query, {"ours": [*report.DAG_IDS, report.MANY_DAG_ID]}).scalars())
+                every_demo_dag = list(report.scenario_dag_ids(report.MANY_SCENARIO))
+                others = list(conn.execute(query, {"ours": every_demo_dag}).scalars())
                 if others:
                     found.append(f"Dags {', '.join(others[:5])}{', ...' if len(others) > 5 else ''}")
             for table, what in FOREIGN_ROWS.items():

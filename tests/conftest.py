@@ -83,8 +83,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if undeclared:
         raise pytest.UsageError(f"parity/expectations.toml declares no [[test]] for {', '.join(undeclared)}")
+    _deselect_not_applicable(config, items, expectations, version, "fixed" if is_enabled() else "stock")
     if is_enabled():
         return
     for item in items:
         if xfail := _stock_xfail(expectations, item, version):
             item.add_marker(xfail)
+
+
+def _deselect_not_applicable(
+    config: pytest.Config, items: list[pytest.Item], expectations: Expectations, version: str, mode: str
+) -> None:
+    """Deselect (not skip) what the expectations say does not run on this release, as the report says."""
+    from tests_common.pytest_plugin import current_backend
+
+    db = current_backend()
+    elsewhere = [item for item in items if expectations.not_applicable(item.nodeid, version, db, mode)]
+    if elsewhere:
+        config.hook.pytest_deselected(items=elsewhere)
+        items[:] = [item for item in items if item not in elsewhere]

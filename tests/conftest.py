@@ -94,11 +94,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _deselect_not_applicable(
     config: pytest.Config, items: list[pytest.Item], expectations: Expectations, version: str, mode: str
 ) -> None:
-    """Deselect (not skip) what the expectations say does not run on this release, as the report says."""
+    """
+    Deselect (not skip) what the expectations say does not run in this cell, as the report says: tests
+    declared not applicable here and, on a sweep release, every test but those that catch a bug.
+    """
     from tests_common.pytest_plugin import current_backend
 
     db = current_backend()
-    elsewhere = [item for item in items if expectations.not_applicable(item.nodeid, version, db, mode)]
+    elsewhere = [
+        item
+        for item in items
+        if expectations.left_out_of_sweep(item.nodeid, version)
+        or expectations.not_applicable(item.nodeid, version, db, mode)
+    ]
     if elsewhere:
         config.hook.pytest_deselected(items=elsewhere)
         items[:] = [item for item in items if item not in elsewhere]

@@ -121,8 +121,10 @@ def airflow_env(session: nox.Session, version: str, extra: str | None = None) ->
             return env / "bin"
         # --compile-bytecode: this machine sets PYTHONDONTWRITEBYTECODE=1 and uv writes no .pyc by
         # default, so every Airflow subprocess would compile all of Airflow on import (~10 s, not ~3 s).
+        # A sweep release's tests start no Airflow subprocess: compiling all of it would cost more.
+        compile_bytecode = ["--compile-bytecode"] if release not in SWEEP else []
         session.run(
-            *(uv, "pip", "install", "--quiet", "--compile-bytecode", "--python", str(env / "bin" / "python")),
+            *(uv, "pip", "install", "--quiet", *compile_bytecode, "--python", str(env / "bin" / "python")),
             *install,
             env={"UV_PYTHON_DOWNLOADS": "never"},
             external=True,
@@ -309,21 +311,34 @@ def install_check(session: nox.Session, airflow: str) -> None:
 @nox.parametrize(("airflow", "db", "mode"), CELLS)
 def tests(session: nox.Session, airflow: str, db: str, mode: str) -> None:
     """tests/ on an empty database; stock: the fix off, each needed fix's tests a strict xfail."""
-    cell = cell_name("tests", {"airflow": airflow, "db": db, "mode": mode})
-    env: dict[str, str | None] = {"AIRFLOW__HEARTBEAT_FIX__ENABLED": str(mode == "fixed")}
+    run_suite(session, airflow, db, mode, cell_name("tests", {"airflow": airflow, "db": db, "mode": mode}))
+
+
+def run_suite(session: nox.Session, airflow: str, db: str, mode: str, cell: str, **env: str | None) -> None:
+    """tests/ of ``airflow`` (a release or a dependency set) in one db x mode, into ``cell``."""
+    env["AIRFLOW__HEARTBEAT_FIX__ENABLED"] = str(mode == "fixed")
     if db == "postgres":
-        name = f"hbfix_{CHECKOUT_TAG}_{airflow.replace('.', '_').replace('-', '_')}_{mode}"
+        name = f"hbfix_{CHECKOUT_TAG}_{cell.replace('.', '_').replace('-', '_')}"
         env["HEARTBEAT_FIX_TEST_DB_URL"] = postgres(session, "create-db", name, version=airflow)
     # Tests that set the switch themselves would repeat the fixed cell's run exactly.
     select = "not e2e" if mode == "fixed" else "not e2e and not mode_independent"
     run_pytest(session, airflow, cell, env, "-m", select, "tests")
 
 
+@nox.session(default=False, allow_parallel=True)
+@nox.parametrize(("airflow", "mode"), list(itertools.product(SWEEP, MODES)))
+def sweep_full(session: nox.Session, airflow: str, mode: str) -> None:
+    """On demand: the whole suite on a sweep release (SQLite), as its line's newest patch runs it."""
+    cell = cell_name("sweep_full", {"airflow": airflow, "db": "sqlite", "mode": mode})
+    run_suite(session, airflow, "sqlite", mode, cell, HEARTBEAT_FIX_SWEEP="full")
+
+
 @nox.session(allow_parallel=True)
 @nox.parametrize(("dependencies", "mode"), list(itertools.product(DEPENDENCY_SETS, MODES)))
 def tests_dependency_set(session: nox.Session, dependencies: str, mode: str) -> None:
     """tests/ of a release on another dependency set (see DEPENDENCY_SETS), on PostgreSQL."""
-    tests.func(session, dependencies, "postgres", mode)
+    cell = cell_name("tests", {"airflow": dependencies, "db": "postgres", "mode": mode})
+    run_suite(session, dependencies, "postgres", mode, cell)
 
 
 @nox.session(allow_parallel=True)

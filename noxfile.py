@@ -165,6 +165,11 @@ def redis(session: nox.Session) -> str:
     return str(out).strip().splitlines()[-1]
 
 
+#: This machine sets PYTHONDONTWRITEBYTECODE=1. Unset for the sessions' processes, so that the first one
+#: in an environment without compiled bytecode (a sweep release's) writes what it imports for the next.
+WRITE_BYTECODE: dict[str, str | None] = {"PYTHONDONTWRITEBYTECODE": None}
+
+
 def run_pytest(
     session: nox.Session,
     version: str,
@@ -184,6 +189,7 @@ def run_pytest(
         "HEARTBEAT_FIX_CELL": cell,
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": None,
         "AIRFLOW_CONFIG": None,
+        **WRITE_BYTECODE,
         **env,
     }
     log = RESULTS / f"{cell}.log"
@@ -298,6 +304,7 @@ def install_check(session: nox.Session, airflow: str) -> None:
                 "AIRFLOW_CONFIG": None,
                 # What an installation with the default switch reports: parity checks it against [bugs].
                 "AIRFLOW__HEARTBEAT_FIX__ENABLED": None,
+                **WRITE_BYTECODE,
             },
             stdout=out,
             stderr=err,

@@ -371,16 +371,6 @@ MIXINS: dict[str, type[SchedulerJobRunner]] = {
 MIXIN_ORDER = (LOCK_FIX, PURGE_FIX, SINK_FIX)
 
 
-class AnnounceFixesMixin(SchedulerJobRunner):
-    """Says once, at scheduler start, which fixes this runner carries."""
-
-    heartbeat_fixes: tuple[str, ...] = ()
-
-    def _execute(self) -> int | None:
-        self.log.info("airflow-heartbeat-fix: scheduler running with %s", ", ".join(self.heartbeat_fixes))
-        return super()._execute()
-
-
 @functools.cache
 def build_runner_class(
     active_fixes: tuple[str, ...], base: type[SchedulerJobRunner] = SchedulerJobRunner
@@ -391,7 +381,7 @@ def build_runner_class(
         return base
     return type(
         "HeartbeatFixSchedulerJobRunner",
-        (AnnounceFixesMixin, *mixins, base),
+        (*mixins, base),
         {
             "__module__": __name__,
             "heartbeat_fixes": active_fixes,

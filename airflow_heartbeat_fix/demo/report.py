@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX, FixState
+from airflow_heartbeat_fix.activation import OFF_BY_CONFIGURATION
+from airflow_heartbeat_fix.detection import FIXES, PURGE_FIX, SINK_FIX, FixState
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -43,6 +44,8 @@ CRASH_MARKER = "Exception when executing SchedulerJob._run_scheduler_loop"
 _FIX_SUMMARY = re.compile(
     r"airflow-heartbeat-fix on Airflow \S+: (.*?)(?: \[airflow_heartbeat_fix\]|$)", re.MULTILINE
 )
+#: ``fix: state`` pairs of that line (an unsupported fix's reason follows in parentheses).
+_FIX_STATE = re.compile(rf"\b({'|'.join(FIXES)}): ({'|'.join(re.escape(state.value) for state in FixState)})")
 _DB_ERROR = re.compile(r"(UniqueViolation|UNIQUE constraint failed|IntegrityError)[^\n]*")
 _EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Violation))(?::[^\n]*)?$", re.MULTILINE)
 
@@ -348,12 +351,9 @@ def find_fix_summary(log_text: str) -> dict[str, str]:
     match = _FIX_SUMMARY.search(log_text)
     if match is None:
         return {}
-    fixes: dict[str, str] = {}
-    for part in match.group(1).split("; "):
-        name, _, state = part.partition(": ")
-        if name and state:
-            fixes[name.strip()] = state.strip()
-    return fixes
+    if match.group(1).startswith(OFF_BY_CONFIGURATION):
+        return dict.fromkeys(FIXES, FixState.DISABLED.value)
+    return dict(_FIX_STATE.findall(match.group(1)))
 
 
 def all_runs_terminal(dags: Mapping[str, DagOutcome]) -> bool:

@@ -24,6 +24,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from airflow_heartbeat_fix import session_binding
 from airflow_heartbeat_fix._compat import Stats, default_executor, scoped_session, with_row_locks
 from airflow_heartbeat_fix.detection import LOCK_FIX, PURGE_FIX, SINK_FIX
+from airflow_heartbeat_fix.metrics import FixGaugesMixin
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
@@ -381,7 +382,7 @@ def build_runner_class(
         return base
     return type(
         "HeartbeatFixSchedulerJobRunner",
-        (*mixins, base),
+        (FixGaugesMixin, *mixins, base),
         {
             "__module__": __name__,
             "heartbeat_fixes": active_fixes,

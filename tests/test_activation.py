@@ -17,7 +17,7 @@ import pytest
 from tests_common.test_utils.db import clear_db_jobs, clear_db_logs
 
 import airflow_heartbeat_fix
-from airflow_heartbeat_fix import activation, provider_info, support
+from airflow_heartbeat_fix import activation, provider_info
 from airflow_heartbeat_fix.detection import FixState
 
 if TYPE_CHECKING:
@@ -210,6 +210,8 @@ def test_status_json_reports_each_fix() -> None:
     assert document["ok"] is True
     assert document["refusal"] is None
     assert document["enabled"] is True
+    from airflow_heartbeat_fix import support
+
     assert document["supported_airflow"] == f"apache-airflow-core{support.supported_range()}"
     assert document["policy_entry_point_registered"] is True
     decided = activation.decide(activation.facts(), enabled=True)

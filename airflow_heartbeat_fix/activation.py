@@ -141,22 +141,25 @@ OFF_BY_CONFIGURATION = f"off by configuration ([{CONFIG_SECTION}] enabled = Fals
 STOCK_CLASSES = "the scheduler runs Airflow's own classes"
 
 
-def summary(decided: dict[str, FixDecision], version: str, problem: str | None = None) -> str:
+def summary(
+    decided: dict[str, FixDecision], version: str, problem: str | None = None, *, switched_off: bool = False
+) -> str:
     """
     The one line the scheduler logs at start: each fix's state (an unsupported one with its reason), or
-    the single reason nothing is patched; then the configuration problem, if any.
+    the single reason nothing is patched, after "off by configuration" if the operator said so; then the
+    configuration problem, if any.
     """
     states = {d.state for d in decided.values()}
     reasons = {d.reason for d in decided.values()}
-    if states == {FixState.DISABLED}:
-        body = f"{OFF_BY_CONFIGURATION}; {STOCK_CLASSES}"
-    elif states == {FixState.UNSUPPORTED} and len(reasons) == 1:
+    if states == {FixState.UNSUPPORTED} and len(reasons) == 1:
         body = f"{reasons.pop()}; {STOCK_CLASSES}"
     else:
         body = "; ".join(
             f"{fix}: {d.state.value}" + (f" ({d.reason})" if d.state is FixState.UNSUPPORTED else "")
             for fix, d in ((fix, decided[fix]) for fix in FIXES)
         )
+        if switched_off:
+            body = f"{OFF_BY_CONFIGURATION}; {STOCK_CLASSES} ({body})"
     line = f"airflow-heartbeat-fix on Airflow {version}: {body}"
     return f"{line} ({problem})" if problem else line
 
@@ -164,7 +167,8 @@ def summary(decided: dict[str, FixDecision], version: str, problem: str | None =
 def not_applied(decided: dict[str, FixDecision]) -> list[FixDecision]:
     """
     Fixes this Airflow needs (or may need) that cannot be applied. A fix the operator switched off is
-    not one of them: that is a choice, and the scheduler starts as Airflow ships it.
+    not one of them: that is a choice, and the scheduler starts as Airflow ships it (callers also let a
+    switched-off installation pass whatever else was found, so the switch never stops a scheduler).
     """
     return [d for d in decided.values() if d.state is FixState.UNSUPPORTED]
 
@@ -214,10 +218,10 @@ def install(*, raise_errors: bool = False) -> dict[str, FixDecision]:
         _say(logging.WARNING, summary(state.decided, str(in_range.airflow_version)))
         return state.decided
     decided: dict[str, FixDecision] = {}
-    version, problem = in_range.airflow_version or "?", None
+    version, problem, switched_off = in_range.airflow_version or "?", None, False
     try:
         switch = read_switch()
-        problem = switch.problem
+        problem, switched_off = switch.problem, not switch.enabled
         found = facts()
         version = found.version
         decided = decide(found, enabled=switch.enabled)
@@ -233,8 +237,8 @@ def install(*, raise_errors: bool = False) -> dict[str, FixDecision]:
         _say(logging.WARNING, summary(decided, version, problem))
         return decided
     state.decided = decided
-    worst = logging.WARNING if problem or not_applied(decided) else logging.INFO
-    _say(worst, summary(decided, version, problem))
+    worst = logging.WARNING if problem or (not_applied(decided) and not switched_off) else logging.INFO
+    _say(worst, summary(decided, version, problem, switched_off=switched_off))
     return decided
 
 

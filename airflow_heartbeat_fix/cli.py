@@ -70,11 +70,11 @@ def status_document() -> dict[str, Any]:
         # The rows say what the plain scheduler runs: without the hook, none of these.
         decided = {**decided, **{fix: FixDecision(fix, FixState.UNSUPPORTED, UNHOOKED) for fix in active}}
         active = []
-    not_applied = [d.fix for d in activation.not_applied(decided)]
-    states = {d.state for d in decided.values()}
+    # Switched off, nothing is missing: the operator chose Airflow's own classes.
+    not_applied = [] if not switch.enabled else [d.fix for d in activation.not_applied(decided)]
     if in_range.refusal:
         activation_line = f"{in_range.refusal}; a plain `airflow scheduler` {RUNS_STOCK}"
-    elif states == {FixState.DISABLED}:
+    elif not switch.enabled:
         activation_line = f"{activation.OFF_BY_CONFIGURATION}: a plain `airflow scheduler` {RUNS_STOCK}"
     elif not registered and not_applied:
         activation_line = "airflow.policy entry point NOT registered: `airflow scheduler` runs unfixed"
@@ -194,7 +194,7 @@ def _scheduler(args: list[str]) -> int:
             else:
                 _say(f"refusing to start the scheduler: {exc}")
             return EXIT_NOT_APPLIED
-        if missing := activation.not_applied(decided):
+        if (missing := activation.not_applied(decided)) and activation.is_enabled():
             activation.uninstall()
             reasons = "; ".join(dict.fromkeys(f"{d.reason}" for d in missing))
             fixes = ", ".join(d.fix for d in missing)

@@ -98,9 +98,9 @@ def _start_lines(output: str) -> list[str]:
 
 
 def _summary(enabled: bool) -> str:
-    """The start line's message for this Airflow: each fix's state, or off by configuration."""
+    """The start line's message for this Airflow: each fix's state, after "off by configuration"."""
     decided = activation.decide(activation.facts(), enabled=enabled)
-    return activation.summary(decided, activation.facts().version)
+    return activation.summary(decided, activation.facts().version, switched_off=not enabled)
 
 
 @pytest.mark.usefixtures("scheduler_rows_cleared")
@@ -227,7 +227,7 @@ def test_status_with_off_switch_says_off_by_configuration_and_passes() -> None:
     assert document["ok"] is True
     assert document["enabled"] is False
     assert document["not_applied"] == []
-    assert all(row["state"] == FixState.DISABLED.value for row in document["fixes"])
+    assert all(row["state"] != FixState.ACTIVE.value for row in document["fixes"])
     assert document["activation"] == (
         "off by configuration ([heartbeat_fix] enabled = False): "
         "a plain `airflow scheduler` runs Airflow's own classes"

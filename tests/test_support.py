@@ -174,3 +174,20 @@ def test_wheel_messages_name_only_what_the_wheel_has() -> None:
     message = topology.topology_refusal(topology.Topology(executor=topology.CELERY), "postgresql://h/db")
     assert message is not None
     assert "scripts/redis.sh" not in message or "from a checkout" in message
+
+
+def test_the_demo_reads_each_fix_state_off_every_start_line() -> None:
+    """The demo shows what the scheduler logged per fix, switched off too (the off line keeps the states)."""
+    from airflow_heartbeat_fix.demo import report
+    from airflow_heartbeat_fix.detection import FixDecision
+
+    decided = {
+        "session_preserving_sink": FixDecision("session_preserving_sink", FixState.DISABLED, "off"),
+        "converged_heartbeat_purge": FixDecision("converged_heartbeat_purge", FixState.NOT_NEEDED, "up"),
+        "locked_purge_revalidation": FixDecision("locked_purge_revalidation", FixState.UNSUPPORTED, "a; b"),
+    }
+    line = activation.summary(decided, "3.4.0b2", switched_off=True)
+    assert line.startswith("airflow-heartbeat-fix on Airflow 3.4.0b2: off by configuration")
+    assert report.find_fix_summary(f"2026-12-02T00:00:00Z [info     ] {line} [airflow_heartbeat_fix]\n") == {
+        fix: d.state.value for fix, d in decided.items()
+    }

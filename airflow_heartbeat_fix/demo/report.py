@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from airflow_heartbeat_fix.activation import OFF_BY_CONFIGURATION
 from airflow_heartbeat_fix.detection import FIXES, PURGE_FIX, SINK_FIX, FixState
 
 if TYPE_CHECKING:
@@ -351,8 +350,6 @@ def find_fix_summary(log_text: str) -> dict[str, str]:
     match = _FIX_SUMMARY.search(log_text)
     if match is None:
         return {}
-    if match.group(1).startswith(OFF_BY_CONFIGURATION):
-        return dict.fromkeys(FIXES, FixState.DISABLED.value)
     return dict(_FIX_STATE.findall(match.group(1)))
 
 

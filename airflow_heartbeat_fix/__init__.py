@@ -8,9 +8,7 @@ scheduler command is imported.
 
 from __future__ import annotations
 
-from importlib import metadata
-
-try:  # setuptools-scm derives it from the repository when the package is built or installed
-    __version__ = metadata.version("airflow-heartbeat-fix")
-except metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
+try:  # written by setuptools-scm from the repository when the package is built or installed
+    from airflow_heartbeat_fix._version import __version__
+except ImportError:  # a source tree on sys.path that was never built or installed
     __version__ = "0+unknown"

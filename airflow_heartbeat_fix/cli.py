@@ -177,6 +177,16 @@ def _status(output: str) -> int:
     return EXIT_OK if document["ok"] else EXIT_NOT_APPLIED
 
 
+def _switched_on() -> bool:
+    """The switch, read after activation stopped early (out of range): a broken file still refuses."""
+    from airflow_heartbeat_fix import activation
+
+    try:
+        return activation.is_enabled()
+    except configparser.Error:
+        return True
+
+
 def _scheduler(args: list[str]) -> int:
     """
     Explicit setup fails loudly: refuse to start a scheduler without a fix that cannot be applied.
@@ -194,9 +204,9 @@ def _scheduler(args: list[str]) -> int:
             else:
                 _say(f"refusing to start the scheduler: {exc}")
             return EXIT_NOT_APPLIED
-        if (missing := activation.not_applied(decided)) and activation.is_enabled():
+        if (missing := activation.not_applied(decided)) and _switched_on():
             activation.uninstall()
-            reasons = "; ".join(dict.fromkeys(f"{d.reason}" for d in missing))
+            reasons = "; ".join(dict.fromkeys(d.reason for d in missing))
             fixes = ", ".join(d.fix for d in missing)
             _say(f"refusing to start the scheduler without {fixes}: {reasons}")
             return EXIT_NOT_APPLIED

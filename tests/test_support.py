@@ -5,7 +5,9 @@ one line each, nothing patched, and ``status``, the wrapper and the demo agree.
 
 from __future__ import annotations
 
+import configparser
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -77,6 +79,7 @@ def airflow_2(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """This process's Airflow reported as 2.11.0 by metadata; activation undone, then redone as the cell's."""
     activation.uninstall()
     monkeypatch.setattr(support, "installed_airflow_version", lambda: "2.11.0")
+    monkeypatch.setenv("AIRFLOW__HEARTBEAT_FIX__ENABLED", "True")  # switched off, nothing refuses
     try:
         yield support.check().refusal or ""
     finally:
@@ -121,6 +124,31 @@ def test_outside_the_range_the_wrapper_refuses_in_one_line(
     assert capsys.readouterr().err.splitlines() == [
         f"airflow-heartbeat-fix: refusing to start the scheduler without {', '.join(FIXES)}: {airflow_2}"
     ]
+
+
+def test_outside_the_range_with_an_unreadable_switch_the_wrapper_still_refuses_in_one_line(
+    airflow_2: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken() -> bool:
+        raise configparser.DuplicateOptionError("core", "load_examples", "airflow.cfg", 3)
+
+    monkeypatch.setattr(activation, "is_enabled", broken)
+    assert cli.main(["scheduler", "--num-runs", "1"]) == cli.EXIT_NOT_APPLIED
+    assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+def test_outside_the_range_with_the_switch_off_the_wrapper_starts_airflow(
+    airflow_2: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The off switch never stops a scheduler, whatever else was found."""
+    import airflow.__main__
+
+    started: list[list[str]] = []
+    monkeypatch.setattr(sys, "argv", sys.argv[:])  # the wrapper sets sys.argv for Airflow's CLI
+    monkeypatch.setenv("AIRFLOW__HEARTBEAT_FIX__ENABLED", "False")
+    monkeypatch.setattr(airflow.__main__, "main", lambda: started.append(list(sys.argv)))
+    assert cli.main(["scheduler", "--num-runs", "1"]) == cli.EXIT_OK
+    assert started == [["airflow", "scheduler", "--num-runs", "1"]]
 
 
 def test_outside_the_range_the_demo_refuses_before_starting(

@@ -128,8 +128,15 @@ def _originals() -> dict[str, Any]:
 def facts() -> AirflowFacts:
     from airflow import __version__ as airflow_version
 
+    from airflow_heartbeat_fix._compat import dag_processor_execute_callbacks
+
     originals = _originals()
-    return read_facts(version=airflow_version, sink_cls=originals["sink"], runner_cls=originals["runner"])
+    return read_facts(
+        version=airflow_version,
+        sink_cls=originals["sink"],
+        runner_cls=originals["runner"],
+        execute_callbacks=dag_processor_execute_callbacks(),
+    )
 
 
 def decisions() -> dict[str, FixDecision]:

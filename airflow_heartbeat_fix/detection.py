@@ -1,7 +1,7 @@
 """
 Decide which fixes the installed Airflow needs, from Airflow's own code rather than its version string.
 
-Three facts are read off the installed classes (:func:`read_facts`); everything else is the pure
+The facts are read off the installed classes (:func:`read_facts`); everything else is the pure
 function :func:`decide`, so the decision table is testable without any particular Airflow installed.
 """
 
@@ -14,18 +14,24 @@ from typing import Any
 SINK_FIX = "session_preserving_sink"
 PURGE_FIX = "converged_heartbeat_purge"
 LOCK_FIX = "locked_purge_revalidation"
-FIXES = (SINK_FIX, PURGE_FIX, LOCK_FIX)
+EVENT_TYPE_FIX = "typed_executor_event_callbacks"
+FIXES = (SINK_FIX, PURGE_FIX, LOCK_FIX, EVENT_TYPE_FIX)
 
 FIX_TITLES = {
     SINK_FIX: "callback sink keeps the scheduler's session (UniqueViolation crash, detached batches)",
     PURGE_FIX: "heartbeat-timeout purge converges the task instance (duplicate callbacks)",
     LOCK_FIX: "heartbeat-timeout purge holds each task instance's row lock through its failure "
     "(a worker's SUCCESS overwritten, failure callback for a task that succeeded)",
+    EVENT_TYPE_FIX: "a worker reported failed by its executor gets the callback of its retry state "
+    "(on_failure_callback while retries remain)",
 }
 
 #: Scheduler methods the fixes wrap; a version without any of them is a shape we do not understand.
 SINK_FIX_HOOKS = ("_run_scheduler_loop", "_send_dag_callbacks_to_processor", "_process_executor_events")
 PURGE_FIX_HOOKS = ("_find_task_instances_without_heartbeats", "_purge_task_instances_without_heartbeats")
+EVENT_TYPE_FIX_HOOKS = ("_process_executor_events", "process_executor_events")
+#: The release whose Dag processor first runs task callbacks (3.0.0 to 3.0.3 raise NotImplementedError).
+FIRST_RELEASE_RUNNING_TASK_CALLBACKS = "3.0.4"
 
 
 class FixState(str, enum.Enum):
@@ -49,6 +55,9 @@ class AirflowFacts:
     missing_hooks: tuple[str, ...] = ()
     purge_locks_each_ti: bool | None = False
     has_callback_sink: bool = True
+    executor_events_type_callbacks: bool | None = True
+    #: False where the Dag processor cannot run a task callback request at all: nothing here fixes that.
+    processor_runs_task_callbacks: bool = True
 
 
 @dataclass(frozen=True)
@@ -72,20 +81,37 @@ def _unrecognised(
     return FixDecision(fix, FixState.UNSUPPORTED, f"Airflow {facts.version}: {reason}; left unpatched")
 
 
-def _decide_sink(facts: AirflowFacts, enabled: bool) -> FixDecision:
-    fact = facts.sink_commits_caller_session
-    if unsupported := _unrecognised(facts, SINK_FIX, SINK_FIX_HOOKS, fact, "DatabaseCallbackSink.send"):
+def _decide_standalone(
+    facts: AirflowFacts,
+    enabled: bool,
+    fix: str,
+    needed: bool | None,
+    *,
+    hooks: tuple[str, ...],
+    what: str,
+    not_needed: str,
+    active: str,
+) -> FixDecision:
+    """A fix that depends on no other: unrecognised, present upstream, switched off, or applied."""
+    if unsupported := _unrecognised(facts, fix, hooks, needed, what):
         return unsupported
-    if not fact:
-        return FixDecision(
-            SINK_FIX, FixState.NOT_NEEDED, "DatabaseCallbackSink.send already uses the caller's session"
-        )
+    if not needed:
+        return FixDecision(fix, FixState.NOT_NEEDED, not_needed)
     if not enabled:
-        return FixDecision(SINK_FIX, FixState.DISABLED, "[heartbeat_fix] enabled = False")
-    return FixDecision(
+        return FixDecision(fix, FixState.DISABLED, "[heartbeat_fix] enabled = False")
+    return FixDecision(fix, FixState.ACTIVE, active)
+
+
+def _decide_sink(facts: AirflowFacts, enabled: bool) -> FixDecision:
+    return _decide_standalone(
+        facts,
+        enabled,
         SINK_FIX,
-        FixState.ACTIVE,
-        "DatabaseCallbackSink.send is @provide_session and commits/closes the scheduler's session",
+        facts.sink_commits_caller_session,
+        hooks=SINK_FIX_HOOKS,
+        what="DatabaseCallbackSink.send",
+        not_needed="DatabaseCallbackSink.send already uses the caller's session",
+        active="DatabaseCallbackSink.send is @provide_session and commits/closes the scheduler's session",
     )
 
 
@@ -110,7 +136,18 @@ def _decide_purge(facts: AirflowFacts, enabled: bool, sink: FixDecision) -> FixD
     return FixDecision(
         PURGE_FIX,
         FixState.ACTIVE,
-        "the purge sends a callback but leaves the task instance RUNNING for the next scan",
+        "the purge sends a callback but leaves the task instance RUNNING for the next scan"
+        + _no_task_callbacks_note(facts),
+    )
+
+
+def _no_task_callbacks_note(facts: AirflowFacts) -> str:
+    """What no fix here changes: a Dag processor that cannot run task callbacks (one clause, or "")."""
+    if facts.processor_runs_task_callbacks:
+        return ""
+    return (
+        f"; this Airflow's Dag processor runs no task callback (NotImplementedError), so "
+        f"on_failure/on_retry callbacks never run: upgrade to {FIRST_RELEASE_RUNNING_TASK_CALLBACKS}+"
     )
 
 
@@ -145,6 +182,21 @@ def _decide_lock(facts: AirflowFacts, enabled: bool, sink: FixDecision, purge: F
     )
 
 
+def _decide_event_type(facts: AirflowFacts, enabled: bool) -> FixDecision:
+    typed = facts.executor_events_type_callbacks
+    return _decide_standalone(
+        facts,
+        enabled,
+        EVENT_TYPE_FIX,
+        None if typed is None else not typed,
+        hooks=EVENT_TYPE_FIX_HOOKS,
+        what="process_executor_events",
+        not_needed="executor-event callbacks already carry their retry state",
+        active="process_executor_events sends an untyped TaskCallbackRequest, which the Dag processor runs "
+        "as on_failure_callback even when the try will be retried",
+    )
+
+
 def decide(facts: AirflowFacts, *, enabled: bool) -> dict[str, FixDecision]:
     """Map the facts about an installation to one decision per fix."""
     if not facts.has_callback_sink:
@@ -152,7 +204,12 @@ def decide(facts: AirflowFacts, *, enabled: bool) -> dict[str, FixDecision]:
         return {fix: FixDecision(fix, FixState.NOT_APPLICABLE, why) for fix in FIXES}
     sink = _decide_sink(facts, enabled)
     purge = _decide_purge(facts, enabled, sink)
-    return {SINK_FIX: sink, PURGE_FIX: purge, LOCK_FIX: _decide_lock(facts, enabled, sink, purge)}
+    return {
+        SINK_FIX: sink,
+        PURGE_FIX: purge,
+        LOCK_FIX: _decide_lock(facts, enabled, sink, purge),
+        EVENT_TYPE_FIX: _decide_event_type(facts, enabled),
+    }
 
 
 def _names_used(func: Any) -> frozenset[str] | None:
@@ -228,15 +285,47 @@ def purge_locks_each_ti(runner_cls: type) -> bool | None:
     return bool(names & {"with_row_locks", "with_for_update", "lock_for_update"})
 
 
-def read_facts(*, version: str, sink_cls: type | None, runner_cls: type) -> AirflowFacts:
-    """Inspect Airflow's own (unpatched) sink and scheduler classes; ``sink_cls`` None: no such sink."""
+def executor_events_type_callbacks(runner_cls: type) -> bool | None:
+    """
+    Whether ``process_executor_events`` types the ``TaskCallbackRequest`` it sends for a killed worker.
+
+    From 3.1.1 (apache/airflow#56607) it passes ``task_callback_type=`` by retry eligibility; before,
+    the request is untyped and the Dag processor runs it as ``on_failure_callback``.
+    """
+    code = getattr(getattr(runner_cls, "process_executor_events", None), "__code__", None)
+    if code is None or "TaskCallbackRequest" not in code.co_names:
+        return None
+    return "task_callback_type" in _keyword_names(code)
+
+
+def processor_runs_task_callbacks(execute_callbacks: Any) -> bool:
+    """
+    Whether the Dag processor's ``_execute_callbacks`` runs task callbacks (3.0.0 to 3.0.3 raise instead).
+
+    Only a clear "no" counts: a shape without ``NotImplementedError`` is taken to run them.
+    """
+    names = _names_used(execute_callbacks)
+    return names is None or "NotImplementedError" not in names or "_execute_task_callbacks" in names
+
+
+def read_facts(
+    *, version: str, sink_cls: type | None, runner_cls: type, execute_callbacks: Any = None
+) -> AirflowFacts:
+    """
+    Inspect Airflow's own (unpatched) sink and scheduler classes; ``sink_cls`` None: no such sink.
+
+    ``execute_callbacks``: the Dag processor's ``_execute_callbacks``, where it has one.
+    """
     if sink_cls is None:
         return AirflowFacts(version, None, None, has_callback_sink=False)
-    missing = tuple(hook for hook in (*SINK_FIX_HOOKS, *PURGE_FIX_HOOKS) if not hasattr(runner_cls, hook))
+    hooks = (*SINK_FIX_HOOKS, *PURGE_FIX_HOOKS, *EVENT_TYPE_FIX_HOOKS)
+    missing = tuple(dict.fromkeys(hook for hook in hooks if not hasattr(runner_cls, hook)))
     return AirflowFacts(
         version=version,
         sink_commits_caller_session=sink_commits_caller_session(sink_cls),
         purge_converges=purge_converges(runner_cls),
         missing_hooks=missing,
         purge_locks_each_ti=purge_locks_each_ti(runner_cls),
+        executor_events_type_callbacks=executor_events_type_callbacks(runner_cls),
+        processor_runs_task_callbacks=processor_runs_task_callbacks(execute_callbacks),
     )

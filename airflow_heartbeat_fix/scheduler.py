@@ -12,8 +12,9 @@ import contextlib
 import functools
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
+from unittest import mock
 
-from airflow.callbacks.callback_requests import EmailRequest, TaskCallbackRequest
+from airflow.callbacks.callback_requests import TaskCallbackRequest
 from airflow.exceptions import DagNotFound
 from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
 from airflow.models.taskinstance import TaskInstance as TI
@@ -22,14 +23,22 @@ from sqlalchemy import inspect, select
 from sqlalchemy.orm.attributes import set_committed_value
 
 from airflow_heartbeat_fix import session_binding
-from airflow_heartbeat_fix._compat import Stats, default_executor, scoped_session, with_row_locks
-from airflow_heartbeat_fix.detection import LOCK_FIX, PURGE_FIX, SINK_FIX
+from airflow_heartbeat_fix._compat import (
+    EmailRequest,
+    Stats,
+    dag_for_run,
+    default_executor,
+    scoped_session,
+    with_row_locks,
+)
+from airflow_heartbeat_fix.detection import EVENT_TYPE_FIX, LOCK_FIX, PURGE_FIX, SINK_FIX
 from airflow_heartbeat_fix.metrics import FixGaugesMixin
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
 
     from airflow.callbacks.callback_requests import CallbackRequest, DagCallbackRequest
+    from airflow.callbacks.callback_requests import EmailRequest as EmailRequestType
     from airflow.executors.base_executor import BaseExecutor
     from sqlalchemy.orm import Session
 
@@ -136,8 +145,9 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
                 # The stock purge skipped it (no Dag version to build a callback from); so does upstream.
                 continue
             # Once the task instance leaves RUNNING, the executor-event path no longer sends the email.
-            if sent and _has_email_alerts(ti.task):
-                executor.send_callback(_email_request_for(sent[0], callback_type))
+            # Without an email request (3.0), handle_failure() below sends it itself, ti.task loaded.
+            if sent and EmailRequest is not None and _has_email_alerts(ti.task):
+                executor.send_callback(_email_request_for(EmailRequest, sent[0], callback_type))
             msg = str(self._generate_task_instance_heartbeat_timeout_message_details(ti))
             ti.handle_failure(error=msg, session=session)
             Stats.incr(
@@ -172,20 +182,18 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
 
     def _dag_for_run(self, dag_run: Any, *, session: Session) -> Any:
         """
-        ``get_dag_for_run``, looked up once per Dag version in a purge pass instead of once per task
-        instance (each lookup of a run without a bundle version queries the latest ``dag_version``).
+        The run's Dag, looked up once per Dag version in a purge pass instead of once per task instance
+        (each lookup of a run without a bundle version queries the latest ``dag_version``).
 
-        The key is what ``get_dag_for_run`` reads of the run (3.2 to 3.4); the memo lives for one
+        The key is what the Dag bag reads of the run (3.0 to 3.4); the memo lives for one
         ``_find_and_purge_task_instances_without_heartbeats`` call, as a scheduler loop resolves a
         version once per pass. Outside a pass (a direct purge call) every lookup goes to the Dag bag.
         """
         if self._dags_this_pass is None:
-            return self.scheduler_dag_bag.get_dag_for_run(dag_run=dag_run, session=session)
+            return dag_for_run(self.scheduler_dag_bag, dag_run=dag_run, session=session)
         key = (dag_run.dag_id, dag_run.bundle_version, dag_run.created_dag_version_id)
         if key not in self._dags_this_pass:
-            self._dags_this_pass[key] = self.scheduler_dag_bag.get_dag_for_run(
-                dag_run=dag_run, session=session
-            )
+            self._dags_this_pass[key] = dag_for_run(self.scheduler_dag_bag, dag_run=dag_run, session=session)
         return self._dags_this_pass[key]
 
 
@@ -193,12 +201,37 @@ def _has_email_alerts(task: Any) -> bool:
     return bool(task is not None and task.email and (task.email_on_failure or task.email_on_retry))
 
 
-def _email_request_for(request: TaskCallbackRequest, callback_type: TaskInstanceState) -> EmailRequest:
+def _email_request_for(
+    email_request: type[EmailRequestType], request: TaskCallbackRequest, callback_type: TaskInstanceState
+) -> EmailRequestType:
     """The email request for the same try, built from the callback request the stock purge sent."""
-    shared = request.model_dump(include=set(EmailRequest.model_fields) - {"type", "email_type"})
-    return EmailRequest.model_validate(
+    shared = request.model_dump(include=set(email_request.model_fields) - {"type", "email_type"})
+    return email_request.model_validate(
         {**shared, "email_type": "retry" if callback_type == TaskInstanceState.UP_FOR_RETRY else "failure"}
     )
+
+
+@contextlib.contextmanager
+def _each_task_callback(
+    executor: BaseExecutor, stamp: Callable[[TaskCallbackRequest], None]
+) -> Iterator[None]:
+    """
+    While the block runs, hand each ``TaskCallbackRequest`` the executor is asked to send to ``stamp``
+    before it is sent.
+
+    The scheduler's paths call the executor's ``send_callback``; the interception is an instance
+    attribute on it, which ``mock.patch.object`` removes again (or puts back the executor's or another
+    plugin's own instance attribute), so nested blocks unwind in order.
+    """
+    send_callback: Callable[[CallbackRequest], None] = executor.send_callback
+
+    def stamping_send_callback(request: CallbackRequest) -> None:
+        if isinstance(request, TaskCallbackRequest):
+            stamp(request)
+        send_callback(request)
+
+    with mock.patch.object(executor, "send_callback", stamping_send_callback):
+        yield
 
 
 @contextlib.contextmanager
@@ -208,34 +241,19 @@ def _typed_task_callbacks(
     """
     While the stock purge runs, stamp the task instance's callback with ``callback_type`` and collect it.
 
-    3.1, 3.2 and 3.3.0 send heartbeat-timeout callbacks untyped (so a retryable task gets
-    ``on_failure_callback``); 3.3.1+ type them without the task loaded. The stock purge calls the
-    scheduler's default executor's ``send_callback``; the interception is an instance attribute on it.
-    When the block ends, whatever was there before comes back: the executor's (or another plugin's) own
-    instance attribute, or none, so the class's method is found again. Nested blocks unwind in order.
+    3.0, 3.1, 3.2 and 3.3.0 send heartbeat-timeout callbacks untyped (so a retryable task gets
+    ``on_failure_callback``); 3.3.1+ type them without the task loaded.
     """
     sent: list[TaskCallbackRequest] = []
-    own_attribute = vars(executor).get("send_callback", _ABSENT)
-    send_callback: Callable[[CallbackRequest], None] = executor.send_callback
 
-    def typed_send_callback(request: CallbackRequest) -> None:
+    def stamp(request: TaskCallbackRequest) -> None:
         # Compared as text: up to 3.1 the model's id is a string column, the request's a UUID.
-        if isinstance(request, TaskCallbackRequest) and str(request.ti.id) == str(ti_id):
+        if str(request.ti.id) == str(ti_id):
             request.task_callback_type = callback_type
             sent.append(request)
-        send_callback(request)
 
-    executor.send_callback = typed_send_callback  # type: ignore[method-assign]
-    try:
+    with _each_task_callback(executor, stamp):
         yield sent
-    finally:
-        if own_attribute is _ABSENT:
-            vars(executor).pop("send_callback", None)
-        else:
-            executor.send_callback = own_attribute  # type: ignore[method-assign]
-
-
-_ABSENT = object()
 
 
 class LockedPurgeRevalidationMixin(SchedulerJobRunner):
@@ -362,14 +380,46 @@ def _load_row_into(ti: TI, row: Mapping[Any, Any]) -> None:
             set_committed_value(ti, column_attr.key, row[name])
 
 
+class TypedExecutorEventCallbacksMixin(SchedulerJobRunner):
+    """
+    Type the callback that executor-event processing sends for a worker its executor reports failed.
+
+    Backports the callback type of apache/airflow#56607 (shipped in 3.1.1) to 3.0.x and 3.1.0, whose
+    ``process_executor_events`` sends the ``TaskCallbackRequest`` of a RUNNING task instance reported
+    FAILED (a killed or lost worker) untyped, so the Dag processor runs ``on_failure_callback`` even
+    when the try will be retried. Delete once the oldest supported Airflow types it (detection then
+    reports ``typed_executor_event_callbacks`` "not needed").
+
+    The stock path loads the batch's task instances into its session and sets ``ti.task`` before it
+    sends the request; the type comes from that same task instance, before ``handle_failure`` changes it.
+    """
+
+    def _process_executor_events(self, executor: BaseExecutor, session: Session) -> int:
+        with _each_task_callback(executor, functools.partial(_type_by_retry_eligibility, session=session)):
+            return super()._process_executor_events(executor, session)
+
+
+def _type_by_retry_eligibility(request: TaskCallbackRequest, *, session: Session) -> None:
+    """Give an untyped request the state its try will go to, from the batch's own task instance."""
+    if request.task_callback_type is not None:
+        return
+    ti_id = str(request.ti.id)
+    # The batch's task instances are in the session: look in its identity map instead of querying.
+    loaded = (obj for obj in session.identity_map.values() if isinstance(obj, TI) and str(obj.id) == ti_id)
+    if (ti := next(loaded, None)) is not None:
+        eligible = ti.is_eligible_to_retry()
+        request.task_callback_type = TaskInstanceState.UP_FOR_RETRY if eligible else TaskInstanceState.FAILED
+
+
 MIXINS: dict[str, type[SchedulerJobRunner]] = {
     SINK_FIX: CommitDagCallbacksMixin,
     PURGE_FIX: ConvergedHeartbeatPurgeMixin,
     LOCK_FIX: LockedPurgeRevalidationMixin,
+    EVENT_TYPE_FIX: TypedExecutorEventCallbacksMixin,
 }
 #: MRO order: the lock hands single task instances to the purge (backport or stock), which sends
-#: callbacks through the sink's session.
-MIXIN_ORDER = (LOCK_FIX, PURGE_FIX, SINK_FIX)
+#: callbacks through the sink's session; the executor-event typing wraps the sink's session binding.
+MIXIN_ORDER = (LOCK_FIX, PURGE_FIX, EVENT_TYPE_FIX, SINK_FIX)
 
 
 @functools.cache

@@ -19,6 +19,9 @@ from airflow_heartbeat_fix.detection import FIXES
 DEFAULT_PATH = Path(__file__).with_name("expectations.toml")
 #: The databases ``[matrix].sweep`` releases run on (fixed + stock); the full matrix has ``[matrix].dbs``.
 SWEEP_DBS = ("sqlite",)
+#: What a sweep cell runs: the declared tests that catch a bug, so that each release shows its stock
+#: bugs and their fixes in seconds; the newest patch of its line runs everything.
+SWEEP_RULE = "a sweep release runs only the declared tests that catch a bug"
 
 #: Keys a ``not_applicable`` entry may narrow by; an absent key means "every value".
 _NOT_APPLICABLE_KEYS = ("versions", "dbs", "modes")
@@ -105,7 +108,14 @@ class Expectations:
         entry = self.for_node(nodeid)
         if entry is None:
             return None
+        if version in self.sweep and not entry.catches:
+            return SWEEP_RULE
         return next((na.reason for na in entry.not_applicable if na.covers(version, db, mode)), None)
+
+    def left_out_of_sweep(self, nodeid: str, version: str) -> bool:
+        """Whether ``version`` is a sweep release whose cells leave ``nodeid`` out (:data:`SWEEP_RULE`)."""
+        entry = self.for_node(nodeid)
+        return version in self.sweep and (entry is None or not entry.catches)
 
 
 def disagreements_with_detection(
@@ -261,6 +271,7 @@ def load(path: Path = DEFAULT_PATH) -> Expectations:
 __all__ = [
     "DEFAULT_PATH",
     "SWEEP_DBS",
+    "SWEEP_RULE",
     "Bug",
     "Expectations",
     "ExpectationsError",

@@ -282,11 +282,15 @@ class Actor(threading.Thread):
 
 @contextlib.contextmanager
 def own_connection() -> Iterator[Connection]:
-    """A connection to this database of its own, outside every pool."""
+    """
+    A connection to this database of its own, outside every pool, in autocommit: each statement sees
+    the server's state now (PostgreSQL's activity views are a snapshot per transaction), on SQLAlchemy
+    1.4 and 2.x alike.
+    """
     from airflow import settings
 
     engine: Engine = create_engine(settings.engine.url, poolclass=NullPool)
-    connection = engine.connect()
+    connection = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
     try:
         yield connection
     finally:
@@ -304,9 +308,7 @@ def lock_monitor() -> Iterator[Callable[[], int]]:
                 "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
                 "WHERE NOT l.granted AND a.datname = current_database()"
             )
-            count = connection.execute(query).scalar_one()
-            connection.rollback()
-            return int(count)
+            return int(connection.execute(query).scalar_one())
 
         yield waiting
 
@@ -951,7 +953,6 @@ def _wait_for_other_backends() -> None:
     with own_connection() as connection:
         deadline = time.monotonic() + SETTLE_TIMEOUT
         while connection.execute(query).scalar_one():
-            connection.rollback()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the killed scheduler's connections still busy after {SETTLE_TIMEOUT}s")
             time.sleep(POLL)

@@ -147,6 +147,19 @@ def test_find_fix_summary() -> None:
     assert report.find_fix_summary("no such line\n") == {}
 
 
+def test_find_fix_summary_in_a_coloured_log() -> None:
+    """Airflow 3.1.0 writes structlog's console colours into the scheduler's log file."""
+    log = (
+        "\x1b[2m2026-12-02T05:04:29Z\x1b[0m [\x1b[32m\x1b[1minfo     \x1b[0m] \x1b[1mairflow-heartbeat-fix on "
+        "Airflow 3.1.0: session_preserving_sink: active; typed_executor_event_callbacks: active\x1b[0m "
+        "[\x1b[0m\x1b[1m\x1b[34mairflow_heartbeat_fix\x1b[0m]\x1b[0m \x1b[36mloc\x1b[0m=activation.py:175\n"
+    )
+    assert report.find_fix_summary(log) == {
+        "session_preserving_sink": "active",
+        "typed_executor_event_callbacks": "active",
+    }
+
+
 ACTIVE, NOT_NEEDED = FixState.ACTIVE.value, FixState.NOT_NEEDED.value
 UNSUPPORTED = FixState.UNSUPPORTED.value
 

@@ -6,12 +6,15 @@ import pytest
 
 from airflow_heartbeat_fix import activation
 from airflow_heartbeat_fix.detection import (
+    EVENT_TYPE_FIX,
     LOCK_FIX,
     PURGE_FIX,
     SINK_FIX,
     AirflowFacts,
     FixState,
     decide,
+    executor_events_type_callbacks,
+    processor_runs_task_callbacks,
     purge_converges,
     purge_locks_each_ti,
     sink_commits_caller_session,
@@ -120,6 +123,57 @@ def test_lock_shapes():
     assert purge_locks_each_ti(object) is None
 
 
+@pytest.mark.parametrize(
+    ("typed", "missing", "enabled", "expected"),
+    [
+        pytest.param(False, (), True, A, id="3.0.4-3.1.0 shape"),
+        pytest.param(True, (), True, N, id="typed upstream (3.1.1+)"),
+        pytest.param(False, (), False, D, id="off switch"),
+        pytest.param(True, (), False, N, id="off switch, nothing needed"),
+        pytest.param(None, (), True, U, id="unknown shape"),
+        pytest.param(False, ("process_executor_events",), True, U, id="no executor events"),
+    ],
+)
+def test_decide_executor_event_typing(typed, missing, enabled, expected):
+    facts = AirflowFacts("9.9.9", True, False, missing, executor_events_type_callbacks=typed)
+    assert decide(facts, enabled=enabled)[EVENT_TYPE_FIX].state is expected
+
+
+def test_executor_event_shapes():
+    class Untyped:
+        @classmethod
+        def process_executor_events(cls, executor, session):
+            executor.send_callback(TaskCallbackRequest(ti=None, msg=""))  # noqa: F821
+
+    class Typed:
+        @classmethod
+        def process_executor_events(cls, executor, session):
+            executor.send_callback(TaskCallbackRequest(ti=None, task_callback_type="failed"))  # noqa: F821
+
+    assert executor_events_type_callbacks(Untyped) is False
+    assert executor_events_type_callbacks(Typed) is True
+    assert executor_events_type_callbacks(object) is None
+
+
+def test_dag_processor_without_task_callbacks_is_said_in_the_purge_reason():
+    def raises(dagbag, requests, log):
+        for _request in requests:
+            raise NotImplementedError("Haven't coded Task callback yet")
+
+    def runs(dagbag, requests, log):
+        for request in requests:
+            _execute_task_callbacks(dagbag, request, log)  # noqa: F821
+
+    assert processor_runs_task_callbacks(raises) is False
+    assert processor_runs_task_callbacks(runs) is True
+    assert processor_runs_task_callbacks(None) is True  # not found: nothing is claimed
+    facts = AirflowFacts("3.0.3", True, False, processor_runs_task_callbacks=False)
+    purge = decide(facts, enabled=True)[PURGE_FIX]
+    assert purge.state is A
+    assert "callbacks never run: upgrade to 3.0.4+" in purge.reason
+    assert "never run" not in decide(AirflowFacts("3.0.4", True, False), enabled=True)[PURGE_FIX].reason
+
+
 def test_facts_of_this_airflow_are_recognised():
     """Every supported version has the shape detection reads; which bugs it has is checked at collection
     (tests/conftest.py compares detection with parity/expectations.toml)."""
@@ -128,6 +182,7 @@ def test_facts_of_this_airflow_are_recognised():
     assert facts.sink_commits_caller_session is not None
     assert facts.purge_converges is not None
     assert facts.purge_locks_each_ti is not None
+    assert facts.executor_events_type_callbacks is not None
 
 
 @pytest.mark.parametrize("enabled", [True, False])

@@ -206,7 +206,8 @@ def test_another_release_gets_its_own_column(toml: Path, results: Path) -> None:
 def test_sweep_release_is_expected_on_sqlite_only(
     toml: Path, results: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A [matrix].sweep release must have its SQLite cells, fixed and stock, and no others."""
+    """A [matrix].sweep release must have its SQLite cells, fixed and stock, with the tests that catch a
+    bug and no others."""
     sweep = toml.read_text().replace(
         'modes = ["fixed", "stock"]\n', 'modes = ["fixed", "stock"]\nsweep = ["3.3.0"]\n', 1
     )
@@ -216,8 +217,14 @@ def test_sweep_release_is_expected_on_sqlite_only(
     assert "3.3.0-sqlite-fixed: no results" in err
     assert "3.3.0-sqlite-stock: no results" in err
     assert "3.3.0-postgres" not in err
+    swept = {name: outcome for name, outcome in as_declared(Cell(V2, "sqlite", "fixed")).items()}
     for mode in ("fixed", "stock"):
-        write_cell(results, Cell("3.3.0", "sqlite", mode), as_declared(Cell(V2, "sqlite", "fixed")))
+        write_cell(results, Cell("3.3.0", "sqlite", mode), swept)
+    assert run(toml, results) == 1  # test_plain catches no bug: a sweep cell must not run it
+    assert "test_plain in 3.3.0-sqlite-fixed, 3.3.0-sqlite-stock: FAIL" in capsys.readouterr().err
+    del swept["test_plain"]
+    for mode in ("fixed", "stock"):
+        write_cell(results, Cell("3.3.0", "sqlite", mode), swept)
     assert run(toml, results) == 0
 
 

@@ -6,6 +6,7 @@ one line each, nothing patched, and ``status``, the wrapper and the demo agree.
 from __future__ import annotations
 
 import configparser
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -209,11 +210,9 @@ def test_the_demo_reads_each_fix_state_off_every_start_line() -> None:
     from airflow_heartbeat_fix.demo import report
     from airflow_heartbeat_fix.detection import FixDecision
 
-    decided = {
-        "session_preserving_sink": FixDecision("session_preserving_sink", FixState.DISABLED, "off"),
-        "converged_heartbeat_purge": FixDecision("converged_heartbeat_purge", FixState.NOT_NEEDED, "up"),
-        "locked_purge_revalidation": FixDecision("locked_purge_revalidation", FixState.UNSUPPORTED, "a; b"),
-    }
+    states = itertools.cycle([FixState.DISABLED, FixState.NOT_NEEDED, FixState.UNSUPPORTED])
+    reason = "a reason; with a semicolon"
+    decided = {fix: FixDecision(fix, state, reason) for fix, state in zip(FIXES, states, strict=False)}
     line = activation.summary(decided, "3.4.0b2", switched_off=True)
     assert line.startswith("airflow-heartbeat-fix on Airflow 3.4.0b2: off by configuration")
     assert report.find_fix_summary(f"2026-12-02T00:00:00Z [info     ] {line} [airflow_heartbeat_fix]\n") == {

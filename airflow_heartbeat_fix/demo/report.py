@@ -44,7 +44,10 @@ _FIX_SUMMARY = re.compile(
     r"airflow-heartbeat-fix on Airflow \S+: (.*?)(?: \[airflow_heartbeat_fix\]|$)", re.MULTILINE
 )
 #: ``fix: state`` pairs of that line (an unsupported fix's reason follows in parentheses).
-_FIX_STATE = re.compile(rf"\b({'|'.join(FIXES)}): ({'|'.join(re.escape(state.value) for state in FixState)})")
+_STATES = sorted((re.escape(state.value) for state in FixState), key=len, reverse=True)  # longest first
+_FIX_STATE = re.compile(rf"\b({'|'.join(FIXES)}): ({'|'.join(_STATES)})")
+#: The colours structlog's console renderer writes into a log file on some releases (3.1.0).
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 _DB_ERROR = re.compile(r"(UniqueViolation|UNIQUE constraint failed|IntegrityError)[^\n]*")
 _EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Violation))(?::[^\n]*)?$", re.MULTILINE)
 
@@ -347,7 +350,7 @@ def worker_owning(logs: Mapping[str, str], celery_task_id: str) -> str | None:
 
 def find_fix_summary(log_text: str) -> dict[str, str]:
     """What the scheduler logged at start about each fix (``fix: state; ...``); empty when not loaded."""
-    match = _FIX_SUMMARY.search(log_text)
+    match = _FIX_SUMMARY.search(_ANSI_ESCAPE.sub("", log_text))
     if match is None:
         return {}
     return dict(_FIX_STATE.findall(match.group(1)))

@@ -392,7 +392,7 @@ def database_tables(url: str) -> list[str]:
 
 def display_url(url: str) -> str:
     """``url`` with its password masked, for messages."""
-    from sqlalchemy import make_url
+    from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
 
@@ -465,7 +465,8 @@ def mark_database_as_demo(url: str) -> None:
 
 def ensure_database_exists(url: str) -> None:
     """Create the PostgreSQL database of ``url`` (through the ``postgres`` database) if it is missing."""
-    from sqlalchemy import create_engine, make_url, text
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
     from sqlalchemy.exc import OperationalError
 
     engine = create_engine(url, poolclass=_null_pool())

@@ -149,7 +149,14 @@ class DagMaker:
         try:  # 3.2+
             from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
         except ImportError:  # 3.0/3.1
-            from airflow.models.dagbag import DagBag, sync_bag_to_db  # type: ignore[no-redef,attr-defined]
+            from airflow.models.dagbag import DagBag  # type: ignore[no-redef,attr-defined]
+
+            try:  # 3.1
+                from airflow.models.dagbag import sync_bag_to_db  # type: ignore[no-redef,attr-defined]
+            except ImportError:  # 3.0: a method of the bag
+
+                def sync_bag_to_db(dagbag: Any, *args: Any, **kwargs: Any) -> None:
+                    dagbag.sync_to_db(*args, **kwargs)
 
         dagbag = DagBag(collect_dags=False)
         dagbag.bag_dag(self.dag)

@@ -480,6 +480,92 @@ def summary(results: Path, report: Path) -> int:
     return 1 if failed else 0
 
 
+#: The newest Airflow 2: what ``pip install`` of this package does there, and what the package says.
+AIRFLOW_2 = "2.11.2"
+
+
+@nox.session(allow_parallel=True)
+def install_check_airflow2(session: nox.Session) -> None:
+    """In an Airflow 2 environment (no ``apache-airflow-core``): pip's plan, the README's pin, the refusal.
+
+    Unpinned, pip would install Airflow 3's core over Airflow 2's files (the README warns); the README's
+    pin recipe makes pip refuse; installed anyway (``--no-deps``), status, the scheduler and the demo each
+    say in one line that nothing is patched.
+    """
+    from uv import find_uv_bin
+
+    uv, env = find_uv_bin(), ROOT / ".venvs" / f"airflow-{AIRFLOW_2}"
+    python, out = env / "bin" / "python", RESULTS / "install-check-airflow2"
+    constraints = ROOT / "constraints" / f"airflow-{AIRFLOW_2}.txt"
+    with _locked(env.parent / f".{env.name}.lock"):
+        if not python.exists():
+            session.run(uv, "venv", "--quiet", "--seed", "--python", sys.executable, str(env), external=True)
+        session.run(
+            *(uv, "pip", "install", "--quiet", "--python", str(python), f"apache-airflow=={AIRFLOW_2}"),
+            *("-c", str(constraints)),
+            env={"UV_PYTHON_DOWNLOADS": "never"},
+            external=True,
+        )
+    shutil.rmtree(out, ignore_errors=True)
+    session.run(uv, "build", "--quiet", "--wheel", "--out-dir", str(out / "dist"), str(ROOT), external=True)
+    wheel = str(next((out / "dist").glob("*.whl")))
+    pip = (str(python), "-m", "pip", "--disable-pip-version-check")
+    session.run(*pip, "uninstall", "--quiet", "--yes", "airflow-heartbeat-fix", external=True)
+    report = out / "unpinned.json"
+    session.run(*pip, "install", "--quiet", "--dry-run", "--report", str(report), wheel, external=True)
+    planned = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    if "apache-airflow-core" not in planned:
+        session.error(f"unpinned pip install no longer plans apache-airflow-core (README): {sorted(planned)}")
+    session.log(f"Airflow {AIRFLOW_2}, unpinned: pip would install {', '.join(sorted(planned))}")
+    # The README's recipe, as written there: in Airflow 2 the pin cannot be formed, and pip refuses.
+    core = 'import importlib.metadata as m; print(m.version("apache-airflow-core"))'
+    recipe = f"{' '.join(pip)} install --dry-run {wheel} \"apache-airflow-core==$({python} -c '{core}')\""
+    refused = session.run("bash", "-c", f"{recipe} 2>&1", success_codes=[1], silent=True, external=True)
+    errors = [line for line in str(refused).splitlines() if line.startswith("ERROR:")]
+    if not errors:
+        session.error(f"the README's pin recipe did not make pip refuse on Airflow {AIRFLOW_2}: {refused}")
+    session.log(f"Airflow {AIRFLOW_2}, pinned as the README says: pip refuses ({errors[0]})")
+    session.run(*pip, "install", "--quiet", "--no-deps", wheel, external=True)
+    home = out / "home"
+    env_vars: dict[str, str | None] = {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW_CONFIG": None,
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": None,
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__HEARTBEAT_FIX__ENABLED": None,
+        "XDG_CACHE_HOME": str(out / "cache"),
+    }
+    cli = str(env / "bin" / "airflow-heartbeat-fix")
+    with (out / "status.json").open("w") as stdout, (out / "status.stderr").open("w") as stderr:
+        session.run(
+            *(cli, "status", "-o", "json"),
+            env=env_vars,
+            stdout=stdout,
+            stderr=stderr,
+            success_codes=[1],
+            external=True,
+        )
+    document = json.loads((out / "status.json").read_text())
+    if document["ok"] or {row["state"] for row in document["fixes"]} != {"unsupported"}:
+        session.error(f"status on Airflow {AIRFLOW_2}: {document}")
+    session.run(str(env / "bin" / "airflow"), "db", "migrate", env=env_vars, silent=True, external=True)
+    logs = str(
+        session.run(
+            *(str(env / "bin" / "airflow"), "scheduler", "--num-runs", "1"),
+            env=env_vars,
+            silent=True,
+            external=True,
+        )
+    )
+    ours = [line for line in logs.splitlines() if "airflow-heartbeat-fix" in line]
+    if len(ours) != 1 or document["refusal"] not in ours[0] or "Traceback" in logs:
+        session.error(f"airflow scheduler on Airflow {AIRFLOW_2} logged: {ours or logs[-2000:]}")
+    demo = session.run(cli, "demo", env=env_vars, success_codes=[2], silent=True, external=True)
+    if str(demo).strip().splitlines()[-1] != f"demo: {document['refusal']}; the demo would show nothing":
+        session.error(f"demo on Airflow {AIRFLOW_2}: {demo}")
+    session.log(f"Airflow {AIRFLOW_2}: status, the scheduler and the demo each said: {document['refusal']}")
+
+
 if __name__ == "__main__":
     # scripts/test.sh runs this after nox, for CI's last line.
     sys.exit(summary(RESULTS, RESULTS / "nox-report.json"))

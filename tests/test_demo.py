@@ -390,11 +390,11 @@ def test_bytecode_env_caches_in_the_home_only_when_needed(tmp_path: Path) -> Non
 def test_default_home_and_db_label(tmp_path: Path) -> None:
     assert topology.db_label(None) == "sqlite"
     assert topology.db_label("postgresql+psycopg://u:p@h/db") == "postgresql"
-    assert run.default_home(tmp_path, "3.4.0b2", None) == tmp_path / ".demo" / "3.4.0b2-sqlite"
+    assert run.default_home(tmp_path, "3.4.0b2", None) == tmp_path / "demo" / "3.4.0b2-sqlite"
     pg = "postgresql://h/db"
     assert (
         run.default_home(tmp_path, "3.3.2", pg, topology.CELERY)
-        == tmp_path / ".demo" / "3.3.2-postgresql-celery"
+        == tmp_path / "demo" / "3.3.2-postgresql-celery"
     )
 
 

@@ -46,6 +46,11 @@ class Cell:
     def name(self) -> str:
         return f"{self.version}-{self.db}-{self.mode}"
 
+    @property
+    def release(self) -> str:
+        """The Airflow release: ``3.1.8`` also for a cell of its dependency set ``3.1.8-sqlalchemy1.4``."""
+        return self.version.split("-", 1)[0]
+
     @classmethod
     def from_name(cls, name: str) -> Cell | None:
         """``3.4.0b2-sqlite-stock`` -> Cell; None for a name that is not a cell (e.g. ``lint``)."""
@@ -72,11 +77,11 @@ def matrix_cells(expectations: Expectations) -> list[Cell]:
 
 def expected_outcome(expectations: Expectations, node: str, cell: Cell) -> Result:
     """Fixed: every applicable test passes. Stock: strict xfail where the release has a bug it catches."""
-    reason = expectations.not_applicable(node, cell.version, cell.db, cell.mode)
+    reason = expectations.not_applicable(node, cell.release, cell.db, cell.mode)
     if reason is not None:
         return Result(Outcome.NOT_APPLICABLE, reason)
     if cell.mode == "stock":
-        bugs = expectations.bugs_caught(node, cell.version)
+        bugs = expectations.bugs_caught(node, cell.release)
         if bugs:
             return Result(Outcome.XFAILED, ", ".join(bug.name for bug in bugs))
     return Result(Outcome.PASSED)
@@ -276,10 +281,13 @@ def compatibility(
     cells: list[Cell],
     statuses: Mapping[str, Mapping[str, str]],
 ) -> dict[str, dict[str, Compatibility]]:
-    """Per release and fix: needed where [bugs] says so; the stock cells of the fix's tests prove it."""
+    """
+    Per release and fix: needed where [bugs] says so; the stock cells of the fix's tests prove it, the
+    release's dependency sets' cells included.
+    """
     table: dict[str, dict[str, Compatibility]] = {}
-    for version in dict.fromkeys(cell.version for cell in cells):
-        stock = [cell for cell in cells if cell.version == version and cell.mode == "stock"]
+    for version in dict.fromkeys(cell.release for cell in cells):
+        stock = [cell for cell in cells if cell.release == version and cell.mode == "stock"]
         table[version] = {}
         for fix in dict.fromkeys(bug.fix for bug in expectations.bugs.values()):
             fix_bugs = {bug.name for bug in expectations.bugs.values() if bug.fix == fix}

@@ -203,6 +203,17 @@ def test_another_release_gets_its_own_column(toml: Path, results: Path) -> None:
     assert "| 3.3.0 | not needed (3 stock passes) | not needed (1 stock passes) |" in report
 
 
+def test_dependency_set_cell_is_judged_as_its_release(toml: Path, results: Path) -> None:
+    """``3.3.2-sqlalchemy1.4-postgres-stock`` has 3.3.2's bugs, and its proofs count in 3.3.2's row."""
+    deps = Cell(f"{V1}-sqlalchemy1.4", "postgres", "stock")
+    write_cell(results, deps, as_declared(Cell(V1, "postgres", "stock")))
+    assert run(toml, results) == 0
+    report = (toml.parent / "REPORT.md").read_text()
+    assert f"| {V1}-sqlalchemy1.4<br>postgres<br>stock |" in report
+    assert f"| {V1} | needed (9 stock xfails) | needed (5 stock xfails) |" in report
+    assert f"| {V1}-sqlalchemy1.4 |" not in report
+
+
 def test_sweep_release_is_expected_on_sqlite_only(
     toml: Path, results: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

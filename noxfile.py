@@ -324,7 +324,8 @@ def tests_dependency_set(session: nox.Session, dependencies: str, mode: str) -> 
 
 #: The orphan-adoption tests with the real KubernetesExecutor of cncf-kubernetes 10.17.x (the ``kubernetes``
 #: extra, pinned in these releases' constraints), its Kubernetes API replaced: one release per backend.
-KUBERNETES_CELLS = [(NEWEST, "postgres", mode) for mode in MODES] + [("3.3.2", "sqlite", mode) for mode in MODES]
+KUBERNETES_CELLS = [(NEWEST, "postgres", mode) for mode in MODES]
+KUBERNETES_CELLS += [("3.3.2", "sqlite", mode) for mode in MODES]
 
 
 @nox.session(allow_parallel=True)

@@ -198,7 +198,7 @@ def _decide_adoption(facts: AirflowFacts, enabled: bool) -> FixDecision:
         return FixDecision(
             ADOPTION_FIX,
             FixState.NOT_NEEDED,
-            "adopt_or_reset_orphaned_tasks re-reads the orphans through its session after the executors adopt",
+            "adopt_or_reset_orphaned_tasks re-reads the orphans through its session after executors adopt",
         )
     if not enabled:
         return FixDecision(ADOPTION_FIX, FixState.DISABLED, "[heartbeat_fix] enabled = False")

@@ -23,7 +23,6 @@ from sqlalchemy import inspect, select
 from sqlalchemy.orm.attributes import set_committed_value
 
 from airflow_heartbeat_fix import session_binding
-from airflow_heartbeat_fix.adoption import HeldOrphanAdoptionMixin
 from airflow_heartbeat_fix._compat import (
     EmailRequest,
     Stats,
@@ -32,6 +31,7 @@ from airflow_heartbeat_fix._compat import (
     scoped_session,
     with_row_locks,
 )
+from airflow_heartbeat_fix.adoption import HeldOrphanAdoptionMixin
 from airflow_heartbeat_fix.detection import ADOPTION_FIX, EVENT_TYPE_FIX, LOCK_FIX, PURGE_FIX, SINK_FIX
 
 if TYPE_CHECKING:

@@ -109,7 +109,7 @@ class ScopedSessionExecutor(LocalExecutor):
             session.scalars(select(Job.id).where(Job.state == JobState.RUNNING)).all()
         if self.after_session is not None:
             self.after_session(tis)
-        return [ti for ti, (_, task_id) in zip(tis, keys) if not task_id.startswith("adopt")]
+        return [ti for ti, (_, task_id) in zip(tis, keys, strict=True) if not task_id.startswith("adopt")]
 
 
 class FakeCluster:
@@ -230,7 +230,7 @@ def _adopt(runner: Any) -> int:
     except DetachedInstanceError as error:
         raise AssertionError(f"the scheduler loop raised DetachedInstanceError: {error}") from error
     except (RuntimeError, SQLAlchemyError) as error:
-        raise AssertionError(f"the scheduler loop raised the executor's error: {error!r}") from error
+        raise AssertionError(f"the scheduler loop raised {error!r}") from error
     finally:
         settings.Session.remove()
 
@@ -309,7 +309,9 @@ class TestSchedulerJob:
         session.commit()
         return sorted(tis, key=lambda ti: ti.task_id)
 
-    def _assert_adopted_or_reset_once(self, session: Session, adopted_by: int, adopted: Sequence[str]) -> None:
+    def _assert_adopted_or_reset_once(
+        self, session: Session, adopted_by: int, adopted: Sequence[str]
+    ) -> None:
         outcomes = {task_id: _outcome(session, "orphaned_run", task_id) for task_id in (*ADOPTED, *RESET)}
         expected = {
             task_id: (TaskInstanceState.RUNNING, adopted_by, 0)

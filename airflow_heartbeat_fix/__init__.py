@@ -1,5 +1,5 @@
 """
-Drop-in fixes for two Apache Airflow 3.x scheduler bugs.
+Drop-in fixes for three Apache Airflow 3.x scheduler bugs around heartbeat-timed-out tasks.
 
 Importing this package does nothing heavy: the ``airflow.policy`` entry point only registers a lazy
 import hook (see :mod:`airflow_heartbeat_fix.policy`), and the fixed classes are built when the
@@ -8,4 +8,7 @@ scheduler command is imported.
 
 from __future__ import annotations
 
-__version__ = "0.3.0"
+try:  # written by setuptools-scm from the repository when the package is built or installed
+    from airflow_heartbeat_fix._version import __version__
+except ImportError:  # a source tree on sys.path that was never built or installed
+    __version__ = "0+unknown"

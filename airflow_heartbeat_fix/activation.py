@@ -8,6 +8,8 @@ subclass. :func:`uninstall` puts the originals back. What is active comes from
 
 Like sentry's and ddtrace's integrations: the automatic path (the ``airflow.policy`` import hook) logs a
 failure and leaves Airflow as it is; the explicit path (``airflow-heartbeat-fix scheduler``) raises.
+An Airflow outside the supported range (:mod:`~airflow_heartbeat_fix.support`) is recognised first,
+from metadata, and nothing of its internals is imported.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_heartbeat_fix import support
 from airflow_heartbeat_fix.detection import (
     FIX_TITLES,
     FIXES,
@@ -31,7 +34,7 @@ from airflow_heartbeat_fix.detection import (
 if TYPE_CHECKING:
     from types import ModuleType
 
-log = logging.getLogger("airflow_heartbeat_fix")
+LOGGER_NAME = "airflow_heartbeat_fix"
 
 CONFIG_SECTION = "heartbeat_fix"
 #: What Airflow's ``conf.getboolean`` accepts, for the one-line error.
@@ -76,6 +79,39 @@ def is_enabled() -> bool:
 
 
 @functools.cache
+def _log() -> Any:
+    """
+    The ``airflow_heartbeat_fix`` logger, made the way Airflow makes its own classes' loggers.
+
+    Airflow 3's ``[logging] namespace_levels`` filters the structlog loggers ``LoggingMixin`` hands out,
+    not ``logging.getLogger()`` ones; on a release that logs through the standard library it is one.
+    """
+    try:
+        from airflow.utils.log.logging_mixin import LoggingMixin
+    except ImportError:
+        return logging.getLogger(LOGGER_NAME)
+
+    class _Logs(LoggingMixin):
+        _logger_name = LOGGER_NAME
+
+    return _Logs().log
+
+
+#: True while :func:`dry_run` activates: the caller reports the outcome, the start line is the scheduler's.
+_quiet = False
+
+
+def _say(level: int, message: str) -> None:
+    if not _quiet:
+        _log().log(level, "%s", message)
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line (configparser's messages span three)."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+@functools.cache
 def _originals() -> dict[str, Any]:
     """Airflow's own classes, captured before anything here replaces them."""
     from airflow.jobs import scheduler_job_runner
@@ -107,20 +143,51 @@ def decisions() -> dict[str, FixDecision]:
     return decide(facts(), enabled=is_enabled())
 
 
-def summary(decided: dict[str, FixDecision], version: str) -> str:
-    """The one line the scheduler logs at start."""
-    parts = [f"{fix}: {decided[fix].state.value}" for fix in FIXES]
-    return f"airflow-heartbeat-fix on Airflow {version}: " + "; ".join(parts)
+#: How the start line and ``status`` say the operator switched the fixes off.
+OFF_BY_CONFIGURATION = f"off by configuration ([{CONFIG_SECTION}] enabled = False)"
+STOCK_CLASSES = "the scheduler runs Airflow's own classes"
+
+
+def summary(
+    decided: dict[str, FixDecision], version: str, problem: str | None = None, *, switched_off: bool = False
+) -> str:
+    """
+    The one line the scheduler logs at start: each fix's state (an unsupported one with its reason), or
+    the single reason nothing is patched, after "off by configuration" if the operator said so; then the
+    configuration problem, if any.
+    """
+    states = {d.state for d in decided.values()}
+    reasons = {d.reason for d in decided.values()}
+    if states == {FixState.UNSUPPORTED} and len(reasons) == 1:
+        body = f"{reasons.pop()}; {STOCK_CLASSES}"
+    else:
+        body = "; ".join(
+            f"{fix}: {d.state.value}" + (f" ({d.reason})" if d.state is FixState.UNSUPPORTED else "")
+            for fix, d in ((fix, decided[fix]) for fix in FIXES)
+        )
+        if switched_off:
+            body = f"{OFF_BY_CONFIGURATION}; {STOCK_CLASSES} ({body})"
+    line = f"airflow-heartbeat-fix on Airflow {version}: {body}"
+    return f"{line} ({problem})" if problem else line
 
 
 def not_applied(decided: dict[str, FixDecision]) -> list[FixDecision]:
-    """Fixes this Airflow needs (or may need) that a scheduler would run without."""
-    return [d for d in decided.values() if d.state in (FixState.DISABLED, FixState.UNSUPPORTED)]
+    """
+    Fixes this Airflow needs (or may need) that cannot be applied. A fix the operator switched off is
+    not one of them: that is a choice, and the scheduler starts as Airflow ships it (callers also let a
+    switched-off installation pass whatever else was found, so the switch never stops a scheduler).
+    """
+    return [d for d in decided.values() if d.state is FixState.UNSUPPORTED]
+
+
+def outside_range(reason: str) -> dict[str, FixDecision]:
+    """Every fix unsupported with the one out-of-range reason: decided without reading Airflow's code."""
+    return {fix: FixDecision(fix, FixState.UNSUPPORTED, reason) for fix in FIXES}
 
 
 def _failed(decided: dict[str, FixDecision], exc: BaseException) -> dict[str, FixDecision]:
     """Every fix that was to be applied, reported unsupported with the error that stopped it."""
-    why = f"could not be applied ({type(exc).__name__}: {exc}); left unpatched"
+    why = f"could not be applied ({one_line(exc)}); left unpatched"
     failed = {fix: FixDecision(fix, FixState.UNSUPPORTED, why) for fix in FIXES}
     return {**failed, **{fix: d for fix, d in decided.items() if d.state is not FixState.ACTIVE}}
 
@@ -152,12 +219,18 @@ def install(*, raise_errors: bool = False) -> dict[str, FixDecision]:
         return _installed.decided
     # Claimed before patching: importing the scheduler command below re-enters through the import hook.
     _installed = state = _Installed()
+    in_range = support.check()
+    if refusal := in_range.refusal:
+        state.decided = outside_range(refusal)
+        _say(logging.WARNING, summary(state.decided, str(in_range.airflow_version)))
+        return state.decided
     decided: dict[str, FixDecision] = {}
+    version, problem, switched_off = in_range.airflow_version or "?", None, False
     try:
         switch = read_switch()
-        if switch.problem:
-            log.warning("airflow-heartbeat-fix: %s", switch.problem)
+        problem, switched_off = switch.problem, not switch.enabled
         found = facts()
+        version = found.version
         decided = decide(found, enabled=switch.enabled)
         active = tuple(fix for fix, decision in decided.items() if decision.state is FixState.ACTIVE)
         if active:
@@ -165,14 +238,14 @@ def install(*, raise_errors: bool = False) -> dict[str, FixDecision]:
     except Exception as exc:
         uninstall()
         if raise_errors:
-            raise ActivationError(f"airflow-heartbeat-fix could not be activated: {exc}") from exc
-        log.warning("airflow-heartbeat-fix could not be activated; Airflow is left unpatched", exc_info=True)
-        return _failed(decided, exc)
+            raise ActivationError(f"airflow-heartbeat-fix could not be activated: {one_line(exc)}") from exc
+        _log().debug("airflow-heartbeat-fix could not be activated", exc_info=True)
+        decided = _failed(decided, exc)
+        _say(logging.WARNING, summary(decided, version, problem))
+        return decided
     state.decided = decided
-    for decision in decided.values():
-        if decision.state is FixState.UNSUPPORTED:
-            log.warning("airflow-heartbeat-fix: %s not applied: %s", decision.fix, decision.reason)
-    log.info(summary(decided, found.version))
+    worst = logging.WARNING if problem or (not_applied(decided) and not switched_off) else logging.INFO
+    _say(worst, summary(decided, version, problem, switched_off=switched_off))
     return decided
 
 
@@ -197,11 +270,12 @@ def uninstall() -> None:
     global _installed
     if _installed is None:
         return
-    from airflow_heartbeat_fix import session_binding
+    if _installed.patched:  # nothing patched, nothing to import (Airflow may not even load)
+        from airflow_heartbeat_fix import session_binding
 
-    for module, name, original in reversed(_installed.patched):
-        setattr(module, name, original)
-    session_binding.uninstall()
+        for module, name, original in reversed(_installed.patched):
+            setattr(module, name, original)
+        session_binding.uninstall()
     _installed = None
 
 
@@ -212,14 +286,15 @@ def dry_run() -> dict[str, FixDecision]:
     Import and compatibility failures surface here as ``unsupported`` with the error, exactly as the
     scheduler would meet them. If this process already runs the fixes, that state is reported as is.
     """
+    global _quiet
     if _installed is not None:
         return _installed.decided
-    log.disabled = True  # the caller reports the outcome; the start-up lines are the scheduler's
+    _quiet = True
     try:
         return install()
     finally:
         uninstall()
-        log.disabled = False
+        _quiet = False
 
 
 def installed_runner() -> type | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import configparser
 import contextlib
+import json
 import os
 import sys
 from importlib import metadata
@@ -18,8 +20,11 @@ POLICY_MODULE = "airflow_heartbeat_fix.policy"
 
 EPILOG = """\
 exit codes:
-  0  every fix this Airflow needs is applied by a scheduler started now (or none is needed)
-  1  a needed fix would not be applied (disabled, unsupported, or activation missing)
+  0  a scheduler started now applies every fix this Airflow needs, none is needed, or
+     [heartbeat_fix] enabled = False switched them off
+  1  a fix would not be applied although it cannot be ruled out as needed (an Airflow outside the
+     supported range, code not recognised, the airflow.policy entry point missing), or Airflow's
+     configuration cannot be read
   2  usage error
 """
 
@@ -33,30 +38,56 @@ def _policy_entry_point_registered() -> bool:
     return any(ep.value == POLICY_MODULE for ep in metadata.entry_points(group="airflow.policy"))
 
 
+#: The state a row shows for a fix that would be active but that no hook will install.
+UNHOOKED = (
+    "the airflow.policy entry point is not registered (reinstall the package): "
+    "a plain `airflow scheduler` runs Airflow's own classes"
+)
+
+
+RUNS_STOCK = "runs Airflow's own classes"
+
+
+def _airflow_version() -> str:
+    from airflow import __version__
+
+    return str(__version__)
+
+
 def status_document() -> dict[str, Any]:
-    """What a scheduler started now would run, from the same activation done as a dry run."""
-    from airflow import __version__ as airflow_version
+    """What a plain ``airflow scheduler`` started now would run, from the same activation as a dry run."""
+    from airflow_heartbeat_fix import __version__, activation, support
+    from airflow_heartbeat_fix.detection import FixDecision, FixState
 
-    from airflow_heartbeat_fix import __version__, activation
-    from airflow_heartbeat_fix.detection import FixState
-
+    in_range = support.check()
+    # Outside the range, the version comes from metadata: nothing of that Airflow's code is read.
+    airflow_version = str(in_range.airflow_version) if in_range.refusal else _airflow_version()
     switch = activation.read_switch()
     decided = activation.dry_run()
     registered = _policy_entry_point_registered()
     active = [d.fix for d in decided.values() if d.state is FixState.ACTIVE]
-    not_applied = [d.fix for d in activation.not_applied(decided)]
     if active and not registered:
-        not_applied.append("airflow.policy hook")
-    if not registered and active:
+        # The rows say what the plain scheduler runs: without the hook, none of these.
+        decided = {**decided, **{fix: FixDecision(fix, FixState.UNSUPPORTED, UNHOOKED) for fix in active}}
+        active = []
+    # Switched off, nothing is missing: the operator chose Airflow's own classes.
+    not_applied = [] if not switch.enabled else [d.fix for d in activation.not_applied(decided)]
+    if in_range.refusal:
+        activation_line = f"{in_range.refusal}; a plain `airflow scheduler` {RUNS_STOCK}"
+    elif not switch.enabled:
+        activation_line = f"{activation.OFF_BY_CONFIGURATION}: a plain `airflow scheduler` {RUNS_STOCK}"
+    elif not registered and not_applied:
         activation_line = "airflow.policy entry point NOT registered: `airflow scheduler` runs unfixed"
     elif active:
         activation_line = f"a plain `airflow scheduler` runs with {', '.join(active)}"
     else:
-        activation_line = "a plain `airflow scheduler` runs Airflow's own classes"
+        activation_line = f"a plain `airflow scheduler` {RUNS_STOCK}"
     return {
         "package_version": __version__,
         "airflow_version": airflow_version,
-        "enabled": switch.raw,
+        "supported_airflow": f"{support.AIRFLOW_CORE}{in_range.supported or ''}",
+        "refusal": in_range.refusal,
+        "enabled": switch.enabled,
         "config_problem": switch.problem,
         "policy_entry_point_registered": registered,
         "activation": activation_line,
@@ -87,6 +118,7 @@ def _print_status(document: dict[str, Any], output: str) -> None:
         console.print_as_yaml(document)
     else:
         print(f"airflow-heartbeat-fix {document['package_version']} on Airflow {document['airflow_version']}")
+        print(f"supported: {document['supported_airflow']}")
         print(f"[heartbeat_fix] enabled = {document['enabled']}")
         print(f"activation: {document['activation']}")
         console.print_as(_status_rows(document, output), output=output)
@@ -113,30 +145,70 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+def config_error(exc: configparser.Error) -> str:
+    """The one line for an ``airflow.cfg`` Airflow cannot parse (configparser's own spans three)."""
+    return "cannot read Airflow's configuration: " + " ".join(str(exc).split())
+
+
+def _print_error(message: str, output: str) -> None:
+    """``-o json``/``yaml`` still print a document (``ok`` false, the error); the line goes to stderr."""
+    from airflow_heartbeat_fix import __version__
+
+    document = {"package_version": __version__, "ok": False, "error": message}
+    if output == "json":
+        print(json.dumps(document, indent=2))
+    elif output == "yaml":
+        print("".join(f"{key}: {json.dumps(value)}\n" for key, value in document.items()), end="")
+    _say(message)
+
+
 def _status(output: str) -> int:
-    with _stdout_to_stderr():
-        document = status_document()
-    _print_status(document, output)
-    if not document["ok"]:
-        _say("a scheduler started now would run without: " + ", ".join(document["not_applied"]))
+    try:
+        with _stdout_to_stderr():
+            document = status_document()
+    except configparser.Error as exc:
+        _print_error(config_error(exc), output)
         return EXIT_NOT_APPLIED
-    return EXIT_OK
+    _print_status(document, output)
+    if document["refusal"]:
+        _say(document["refusal"])
+    elif not document["ok"]:
+        _say("a scheduler started now would run without: " + ", ".join(document["not_applied"]))
+    return EXIT_OK if document["ok"] else EXIT_NOT_APPLIED
+
+
+def _switched_on() -> bool:
+    """The switch, read after activation stopped early (out of range): a broken file still refuses."""
+    from airflow_heartbeat_fix import activation
+
+    try:
+        return activation.is_enabled()
+    except configparser.Error:
+        return True
 
 
 def _scheduler(args: list[str]) -> int:
-    """Explicit setup fails loudly: refuse to start a scheduler without a fix this Airflow needs."""
+    """
+    Explicit setup fails loudly: refuse to start a scheduler without a fix that cannot be applied.
+    Switched off by the operator, it starts Airflow's own scheduler (the start line says so).
+    """
     from airflow_heartbeat_fix import activation
 
     if not {"-h", "--help"} & set(args):
         try:
             decided = activation.install(raise_errors=True)
         except activation.ActivationError as exc:
-            _say(f"refusing to start the scheduler: {exc}")
+            cause = exc.__cause__
+            if isinstance(cause, configparser.Error):
+                _say(config_error(cause))
+            else:
+                _say(f"refusing to start the scheduler: {exc}")
             return EXIT_NOT_APPLIED
-        if missing := activation.not_applied(decided):
+        if (missing := activation.not_applied(decided)) and _switched_on():
             activation.uninstall()
-            reasons = "; ".join(f"{d.fix} is {d.state.value}: {d.reason}" for d in missing)
-            _say(f"refusing to start the scheduler without a fix this Airflow needs: {reasons}")
+            reasons = "; ".join(dict.fromkeys(d.reason for d in missing))
+            fixes = ", ".join(d.fix for d in missing)
+            _say(f"refusing to start the scheduler without {fixes}: {reasons}")
             return EXIT_NOT_APPLIED
     from airflow.__main__ import main as airflow_main
 
@@ -156,7 +228,8 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="airflow-heartbeat-fix",
-        description="Fixes for Airflow 3.x heartbeat-timeout callbacks and the retry UniqueViolation crash.",
+        description="Fixes for three Airflow 3.x scheduler bugs around heartbeat-timed-out tasks: duplicate "
+        "callbacks, the retry UniqueViolation crash, and a worker's SUCCESS overwritten by the purge.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

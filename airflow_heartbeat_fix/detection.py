@@ -86,20 +86,37 @@ def _unrecognised(
     return FixDecision(fix, FixState.UNSUPPORTED, f"Airflow {facts.version}: {reason}; left unpatched")
 
 
-def _decide_sink(facts: AirflowFacts, enabled: bool) -> FixDecision:
-    fact = facts.sink_commits_caller_session
-    if unsupported := _unrecognised(facts, SINK_FIX, SINK_FIX_HOOKS, fact, "DatabaseCallbackSink.send"):
+def _decide_standalone(
+    facts: AirflowFacts,
+    enabled: bool,
+    fix: str,
+    needed: bool | None,
+    *,
+    hooks: tuple[str, ...],
+    what: str,
+    not_needed: str,
+    active: str,
+) -> FixDecision:
+    """A fix that depends on no other: unrecognised, present upstream, switched off, or applied."""
+    if unsupported := _unrecognised(facts, fix, hooks, needed, what):
         return unsupported
-    if not fact:
-        return FixDecision(
-            SINK_FIX, FixState.NOT_NEEDED, "DatabaseCallbackSink.send already uses the caller's session"
-        )
+    if not needed:
+        return FixDecision(fix, FixState.NOT_NEEDED, not_needed)
     if not enabled:
-        return FixDecision(SINK_FIX, FixState.DISABLED, "[heartbeat_fix] enabled = False")
-    return FixDecision(
+        return FixDecision(fix, FixState.DISABLED, "[heartbeat_fix] enabled = False")
+    return FixDecision(fix, FixState.ACTIVE, active)
+
+
+def _decide_sink(facts: AirflowFacts, enabled: bool) -> FixDecision:
+    return _decide_standalone(
+        facts,
+        enabled,
         SINK_FIX,
-        FixState.ACTIVE,
-        "DatabaseCallbackSink.send is @provide_session and commits/closes the scheduler's session",
+        facts.sink_commits_caller_session,
+        hooks=SINK_FIX_HOOKS,
+        what="DatabaseCallbackSink.send",
+        not_needed="DatabaseCallbackSink.send already uses the caller's session",
+        active="DatabaseCallbackSink.send is @provide_session and commits/closes the scheduler's session",
     )
 
 
@@ -171,21 +188,17 @@ def _decide_lock(facts: AirflowFacts, enabled: bool, sink: FixDecision, purge: F
 
 
 def _decide_event_type(facts: AirflowFacts, enabled: bool) -> FixDecision:
-    fact = facts.executor_events_type_callbacks
-    what = "process_executor_events"
-    if unsupported := _unrecognised(facts, EVENT_TYPE_FIX, EVENT_TYPE_FIX_HOOKS, fact, what):
-        return unsupported
-    if fact:
-        return FixDecision(
-            EVENT_TYPE_FIX, FixState.NOT_NEEDED, "executor-event callbacks already carry their retry state"
-        )
-    if not enabled:
-        return FixDecision(EVENT_TYPE_FIX, FixState.DISABLED, "[heartbeat_fix] enabled = False")
-    return FixDecision(
+    typed = facts.executor_events_type_callbacks
+    return _decide_standalone(
+        facts,
+        enabled,
         EVENT_TYPE_FIX,
-        FixState.ACTIVE,
-        "process_executor_events sends an untyped TaskCallbackRequest, which the Dag processor runs as "
-        "on_failure_callback even when the try will be retried",
+        None if typed is None else not typed,
+        hooks=EVENT_TYPE_FIX_HOOKS,
+        what="process_executor_events",
+        not_needed="executor-event callbacks already carry their retry state",
+        active="process_executor_events sends an untyped TaskCallbackRequest, which the Dag processor runs "
+        "as on_failure_callback even when the try will be retried",
     )
 
 

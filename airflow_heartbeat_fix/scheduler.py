@@ -33,6 +33,7 @@ from airflow_heartbeat_fix._compat import (
 )
 from airflow_heartbeat_fix.adoption import HeldOrphanAdoptionMixin
 from airflow_heartbeat_fix.detection import ADOPTION_FIX, EVENT_TYPE_FIX, LOCK_FIX, PURGE_FIX, SINK_FIX
+from airflow_heartbeat_fix.metrics import FixGaugesMixin
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
@@ -424,16 +425,6 @@ MIXINS: dict[str, type[SchedulerJobRunner]] = {
 MIXIN_ORDER = (LOCK_FIX, PURGE_FIX, EVENT_TYPE_FIX, SINK_FIX, ADOPTION_FIX)
 
 
-class AnnounceFixesMixin(SchedulerJobRunner):
-    """Says once, at scheduler start, which fixes this runner carries."""
-
-    heartbeat_fixes: tuple[str, ...] = ()
-
-    def _execute(self) -> int | None:
-        self.log.info("airflow-heartbeat-fix: scheduler running with %s", ", ".join(self.heartbeat_fixes))
-        return super()._execute()
-
-
 @functools.cache
 def build_runner_class(
     active_fixes: tuple[str, ...], base: type[SchedulerJobRunner] = SchedulerJobRunner
@@ -444,7 +435,7 @@ def build_runner_class(
         return base
     return type(
         "HeartbeatFixSchedulerJobRunner",
-        (AnnounceFixesMixin, *mixins, base),
+        (FixGaugesMixin, *mixins, base),
         {
             "__module__": __name__,
             "heartbeat_fixes": active_fixes,

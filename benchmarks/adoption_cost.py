@@ -1,5 +1,5 @@
 """
-What adopting or resetting a dead scheduler's orphans costs, stock vs fixed: ``python -m benchmarks.adoption_cost``.
+Statements of adopting or resetting a dead scheduler's orphans, stock vs fixed: one command.
 
 Run with an Airflow venv's interpreter (``.venvs/airflow-<v>/bin/python -m benchmarks.adoption_cost
 --db-url URL``). One ``adopt_or_reset_orphaned_tasks`` pass (as the scheduler loop calls it) over N
@@ -55,7 +55,7 @@ def _executor(kind: str) -> Any:
 
 
 def _runner(executor: Any, session: Any) -> Any:
-    """The runner ``airflow scheduler`` would build on ``executor`` (3.2+ takes it, 3.0/3.1 read the job's)."""
+    """The runner ``airflow scheduler`` builds on ``executor`` (3.2+ takes it, 3.0/3.1 read the job's)."""
     import inspect
 
     from airflow.cli.commands import scheduler_command
@@ -108,7 +108,8 @@ def measure(n: int, kind: str) -> dict[str, Any]:
     with create_session() as session:
 
         def count(*where: Any) -> int:
-            return int(session.scalar(select(func.count()).select_from(TI).where(TI.dag_id == DAG_ID, *where)))
+            query = select(func.count()).select_from(TI).where(TI.dag_id == DAG_ID, *where)
+            return int(session.scalar(query) or 0)
 
         left = {
             "reset": count(TI.state.is_(None), TI.queued_by_job_id.is_(None)),

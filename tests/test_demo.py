@@ -147,6 +147,20 @@ def test_find_fix_summary() -> None:
     assert report.find_fix_summary("no such line\n") == {}
 
 
+def test_find_fix_summary_in_a_coloured_log() -> None:
+    """Airflow 3.1.0 writes structlog's console colours into the scheduler's log file."""
+    log = (
+        "\x1b[2m2026-12-02T05:04:29Z\x1b[0m [\x1b[32m\x1b[1minfo     \x1b[0m] \x1b[1m"
+        "airflow-heartbeat-fix on Airflow 3.1.0: session_preserving_sink: active; "
+        "typed_executor_event_callbacks: active\x1b[0m "
+        "[\x1b[0m\x1b[1m\x1b[34mairflow_heartbeat_fix\x1b[0m]\x1b[0m \x1b[36mloc\x1b[0m=activation.py:175\n"
+    )
+    assert report.find_fix_summary(log) == {
+        "session_preserving_sink": "active",
+        "typed_executor_event_callbacks": "active",
+    }
+
+
 ACTIVE, NOT_NEEDED = FixState.ACTIVE.value, FixState.NOT_NEEDED.value
 UNSUPPORTED = FixState.UNSUPPORTED.value
 
@@ -376,11 +390,11 @@ def test_bytecode_env_caches_in_the_home_only_when_needed(tmp_path: Path) -> Non
 def test_default_home_and_db_label(tmp_path: Path) -> None:
     assert topology.db_label(None) == "sqlite"
     assert topology.db_label("postgresql+psycopg://u:p@h/db") == "postgresql"
-    assert run.default_home(tmp_path, "3.4.0b2", None) == tmp_path / ".demo" / "3.4.0b2-sqlite"
+    assert run.default_home(tmp_path, "3.4.0b2", None) == tmp_path / "demo" / "3.4.0b2-sqlite"
     pg = "postgresql://h/db"
     assert (
         run.default_home(tmp_path, "3.3.2", pg, topology.CELERY)
-        == tmp_path / ".demo" / "3.3.2-postgresql-celery"
+        == tmp_path / "demo" / "3.3.2-postgresql-celery"
     )
 
 

@@ -22,6 +22,7 @@ import textwrap
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from airflow_heartbeat_fix import support
 from airflow_heartbeat_fix.demo import report
 from airflow_heartbeat_fix.demo.html_report import render_html
 from airflow_heartbeat_fix.demo.run import (
@@ -32,6 +33,7 @@ from airflow_heartbeat_fix.demo.run import (
     DemoRun,
     UsageError,
     airflow_executable,
+    cache_dir,
     database_refusal,
     database_tables,
     default_home,
@@ -58,8 +60,9 @@ EXIT_INTERRUPTED = 130
 EXIT_CODES = {
     EXIT_OK: "the fixed run converged as expected",
     EXIT_NOT_CONVERGED: "the fixed run did not converge (the table and the report say why)",
-    EXIT_USAGE: "refused before starting anything: invalid option, unusable --home/--json/--html, "
-    "a --database with tables the demo did not create, or another demo running in the same home",
+    EXIT_USAGE: "refused before starting anything: invalid option, an Airflow outside the supported range, "
+    "unusable --home/--json/--html, a --database with tables the demo did not create, or another demo "
+    "running in the same home",
     EXIT_ENVIRONMENT: "setup failed: Airflow missing, database unreachable, migration or components failed",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C, SIGTERM, SIGHUP); every Airflow process it started is stopped",
 }
@@ -85,7 +88,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--home", type=Path, help="demo directory (default ./.demo/<version>-<db>)")
+    parser.add_argument(
+        "--home",
+        type=Path,
+        help="demo directory (default $XDG_CACHE_HOME/airflow-heartbeat-fix/demo/<version>-<db>, "
+        "~/.cache/... without XDG_CACHE_HOME)",
+    )
     parser.add_argument(
         "--database",
         help="SQLAlchemy URL of a database to use instead of SQLite in the home; one holding tables the "
@@ -132,7 +140,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def build_config(args: argparse.Namespace, cwd: Path) -> DemoConfig:
+def build_config(args: argparse.Namespace) -> DemoConfig:
     runs = tuple(r.strip() for r in args.runs.split(",") if r.strip())
     if not runs or any(r not in LABELS for r in runs):
         raise UsageError(f"--runs takes a comma-separated subset of {', '.join(LABELS)}")
@@ -145,7 +153,10 @@ def build_config(args: argparse.Namespace, cwd: Path) -> DemoConfig:
     if refusal is not None:
         raise UsageError(refusal)
     version = installed_airflow_version()
-    home = (args.home or default_home(cwd, version, args.database, topology.executor)).resolve()
+    if refusal := support.check().refusal:
+        raise UsageError(f"{refusal}; the demo would show nothing")
+    cache = cache_dir(os.environ)
+    home = (args.home or default_home(cache, version, args.database, topology.executor)).resolve()
     dags_origin, dag_sources = find_dag_sources(args.dags, report.scenario_dag_ids(topology.scenario))
     return DemoConfig(
         home=home,
@@ -285,7 +296,7 @@ def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        config = build_config(args, Path.cwd())
+        config = build_config(args)
         check_home(config.home)
         for path, option in ((config.json_path, "--json"), (config.html_path, "--html")):
             if path is not None:

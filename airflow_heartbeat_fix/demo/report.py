@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX, FixState
+from airflow_heartbeat_fix.detection import FIXES, PURGE_FIX, SINK_FIX, FixState
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -43,6 +43,11 @@ CRASH_MARKER = "Exception when executing SchedulerJob._run_scheduler_loop"
 _FIX_SUMMARY = re.compile(
     r"airflow-heartbeat-fix on Airflow \S+: (.*?)(?: \[airflow_heartbeat_fix\]|$)", re.MULTILINE
 )
+#: ``fix: state`` pairs of that line (an unsupported fix's reason follows in parentheses).
+_STATES = sorted((re.escape(state.value) for state in FixState), key=len, reverse=True)  # longest first
+_FIX_STATE = re.compile(rf"\b({'|'.join(FIXES)}): ({'|'.join(_STATES)})")
+#: The colours structlog's console renderer writes into a log file on some releases (3.1.0).
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 _DB_ERROR = re.compile(r"(UniqueViolation|UNIQUE constraint failed|IntegrityError)[^\n]*")
 _EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Violation))(?::[^\n]*)?$", re.MULTILINE)
 
@@ -345,15 +350,10 @@ def worker_owning(logs: Mapping[str, str], celery_task_id: str) -> str | None:
 
 def find_fix_summary(log_text: str) -> dict[str, str]:
     """What the scheduler logged at start about each fix (``fix: state; ...``); empty when not loaded."""
-    match = _FIX_SUMMARY.search(log_text)
+    match = _FIX_SUMMARY.search(_ANSI_ESCAPE.sub("", log_text))
     if match is None:
         return {}
-    fixes: dict[str, str] = {}
-    for part in match.group(1).split("; "):
-        name, _, state = part.partition(": ")
-        if name and state:
-            fixes[name.strip()] = state.strip()
-    return fixes
+    return dict(_FIX_STATE.findall(match.group(1)))
 
 
 def all_runs_terminal(dags: Mapping[str, DagOutcome]) -> bool:

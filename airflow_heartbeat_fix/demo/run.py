@@ -41,6 +41,7 @@ from airflow_heartbeat_fix.demo.topology import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from importlib.resources.abc import Traversable
 
 #: The top-level ``dags/``, installed as this package (``package-dir`` in pyproject.toml).
@@ -83,9 +84,15 @@ class UsageError(DemoError):
 # --- small pure helpers ---------------------------------------------------------------------------
 
 
-def default_home(cwd: Path, airflow_version: str, database: str | None, executor: str = LOCAL) -> Path:
+def cache_dir(environ: Mapping[str, str]) -> Path:
+    """The per-user cache directory (XDG): demo homes (45-50 MB each) stay out of the working directory."""
+    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
+    return Path(base) / "airflow-heartbeat-fix"
+
+
+def default_home(cache: Path, airflow_version: str, database: str | None, executor: str = LOCAL) -> Path:
     suffix = "" if executor == LOCAL else f"-{executor}"
-    return cwd / ".demo" / f"{airflow_version}-{db_label(database)}{suffix}"
+    return cache / "demo" / f"{airflow_version}-{db_label(database)}{suffix}"
 
 
 def sqlite_url(path: Path) -> str:

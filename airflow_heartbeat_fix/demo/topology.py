@@ -76,7 +76,10 @@ def topology_refusal(topology: Topology, database: str | None) -> str | None:
     if db_label(database) == SQLITE and topology.schedulers > 1:
         return "--schedulers 2 or more needs a PostgreSQL --database: SQLite allows only one scheduler"
     if topology.executor == CELERY and not topology.broker_url:
-        return "--executor celery needs --broker-url redis://HOST:PORT/DB (scripts/redis.sh start prints one)"
+        return (
+            "--executor celery needs --broker-url redis://HOST:PORT/DB of a Redis you run "
+            "(from a checkout of this project, scripts/redis.sh start starts one and prints its URL)"
+        )
     if topology.executor != CELERY and topology.broker_url:
         return "--broker-url is for --executor celery"
     if topology.scenario not in SCENARIOS:

@@ -224,7 +224,11 @@ def _kubernetes_executor(cluster: FakeCluster, job_id: int) -> Iterator[Any]:
 
 
 def _adopt(runner: Any) -> int:
-    """The scheduler loop's call; a crash of the loop becomes an assertion naming it."""
+    """
+    The scheduler loop's call, in a thread whose session holds nothing yet (as in a restarted
+    scheduler: the scan loads only its ``load_only`` columns); a crash of the loop becomes an assertion.
+    """
+    settings.Session.remove()
     try:
         return runner.adopt_or_reset_orphaned_tasks()
     except DetachedInstanceError as error:

@@ -355,6 +355,25 @@ def tests_dependency_set(session: nox.Session, dependencies: str, mode: str) -> 
     run_suite(session, dependencies, "postgres", mode, cell)
 
 
+#: The orphan-adoption tests with the real KubernetesExecutor of cncf-kubernetes 10.17.x (the ``kubernetes``
+#: extra, pinned in these releases' constraints), its Kubernetes API replaced: one release per backend.
+KUBERNETES_CELLS = [(NEWEST, "postgres", mode) for mode in MODES]
+KUBERNETES_CELLS += [("3.3.2", "sqlite", mode) for mode in MODES]
+
+
+@nox.session(allow_parallel=True)
+@nox.parametrize(("airflow", "db", "mode"), KUBERNETES_CELLS)
+def tests_kubernetes(session: nox.Session, airflow: str, db: str, mode: str) -> None:
+    """tests/unit/jobs/test_heartbeat_fix_adoption.py with the provider installed (its real-executor case)."""
+    env: dict[str, str | None] = {"AIRFLOW__HEARTBEAT_FIX__ENABLED": str(mode == "fixed")}
+    if db == "postgres":
+        name = f"hbfix_{CHECKOUT_TAG}_k8s_{airflow.replace('.', '_')}_{mode}"
+        env["HEARTBEAT_FIX_TEST_DB_URL"] = postgres(session, "create-db", name, version=airflow)
+    cell = cell_name("kubernetes", {"airflow": airflow, "db": db, "mode": mode})
+    module = "tests/unit/jobs/test_heartbeat_fix_adoption.py"
+    run_pytest(session, airflow, cell, env, "-m", "not e2e", module, extra="kubernetes")
+
+
 @nox.session(allow_parallel=True)
 @nox.parametrize("airflow", BENCH_SMOKE)
 def bench_smoke(session: nox.Session, airflow: str) -> None:

@@ -15,7 +15,8 @@ SINK_FIX = "session_preserving_sink"
 PURGE_FIX = "converged_heartbeat_purge"
 LOCK_FIX = "locked_purge_revalidation"
 EVENT_TYPE_FIX = "typed_executor_event_callbacks"
-FIXES = (SINK_FIX, PURGE_FIX, LOCK_FIX, EVENT_TYPE_FIX)
+ADOPTION_FIX = "held_orphan_adoption"
+FIXES = (SINK_FIX, PURGE_FIX, LOCK_FIX, EVENT_TYPE_FIX, ADOPTION_FIX)
 
 FIX_TITLES = {
     SINK_FIX: "callback sink keeps the scheduler's session (UniqueViolation crash, detached batches)",
@@ -24,12 +25,15 @@ FIX_TITLES = {
     "(a worker's SUCCESS overwritten, failure callback for a task that succeeded)",
     EVENT_TYPE_FIX: "a worker reported failed by its executor gets the callback of its retry state "
     "(on_failure_callback while retries remain)",
+    ADOPTION_FIX: "orphan adoption keeps the scheduler's session and row locks through the executor's "
+    "try_adopt_task_instances (DetachedInstanceError crash loop, lost resets, double adoption)",
 }
 
 #: Scheduler methods the fixes wrap; a version without any of them is a shape we do not understand.
 SINK_FIX_HOOKS = ("_run_scheduler_loop", "_send_dag_callbacks_to_processor", "_process_executor_events")
 PURGE_FIX_HOOKS = ("_find_task_instances_without_heartbeats", "_purge_task_instances_without_heartbeats")
 EVENT_TYPE_FIX_HOOKS = ("_process_executor_events", "process_executor_events")
+ADOPTION_FIX_HOOKS = ("adopt_or_reset_orphaned_tasks",)
 #: The release whose Dag processor first runs task callbacks (3.0.0 to 3.0.3 raise NotImplementedError).
 FIRST_RELEASE_RUNNING_TASK_CALLBACKS = "3.0.4"
 
@@ -58,6 +62,7 @@ class AirflowFacts:
     executor_events_type_callbacks: bool | None = True
     #: False where the Dag processor cannot run a task callback request at all: nothing here fixes that.
     processor_runs_task_callbacks: bool = True
+    adoption_keeps_orphans_attached: bool | None = True
 
 
 @dataclass(frozen=True)
@@ -197,6 +202,27 @@ def _decide_event_type(facts: AirflowFacts, enabled: bool) -> FixDecision:
     )
 
 
+def _decide_adoption(facts: AirflowFacts, enabled: bool) -> FixDecision:
+    fact = facts.adoption_keeps_orphans_attached
+    what = "adopt_or_reset_orphaned_tasks"
+    if unsupported := _unrecognised(facts, ADOPTION_FIX, ADOPTION_FIX_HOOKS, fact, what):
+        return unsupported
+    if fact:
+        return FixDecision(
+            ADOPTION_FIX,
+            FixState.NOT_NEEDED,
+            "adopt_or_reset_orphaned_tasks re-reads the orphans through its session after executors adopt",
+        )
+    if not enabled:
+        return FixDecision(ADOPTION_FIX, FixState.DISABLED, "[heartbeat_fix] enabled = False")
+    return FixDecision(
+        ADOPTION_FIX,
+        FixState.ACTIVE,
+        "adopt_or_reset_orphaned_tasks hands its locked, half-loaded orphans to try_adopt_task_instances "
+        "in its own session; a scoped create_session() there commits and closes it",
+    )
+
+
 def decide(facts: AirflowFacts, *, enabled: bool) -> dict[str, FixDecision]:
     """Map the facts about an installation to one decision per fix."""
     if not facts.has_callback_sink:
@@ -209,6 +235,7 @@ def decide(facts: AirflowFacts, *, enabled: bool) -> dict[str, FixDecision]:
         PURGE_FIX: purge,
         LOCK_FIX: _decide_lock(facts, enabled, sink, purge),
         EVENT_TYPE_FIX: _decide_event_type(facts, enabled),
+        ADOPTION_FIX: _decide_adoption(facts, enabled),
     }
 
 
@@ -298,6 +325,29 @@ def executor_events_type_callbacks(runner_cls: type) -> bool | None:
     return "task_callback_type" in _keyword_names(code)
 
 
+#: Session reads that, after the executors' adoption, would load the orphans again (upstream's proposal).
+_REREADS = frozenset({"scalars", "scalar", "execute", "merge", "get", "refresh", "refresh_from_db"})
+
+
+def adoption_keeps_orphans_attached(runner_cls: type) -> bool | None:
+    """
+    Whether ``adopt_or_reset_orphaned_tasks`` re-reads the orphans through its session after the
+    executors' ``try_adopt_task_instances``, so what an executor does with the session cannot detach them.
+
+    Every release up to 3.4.0b2 selects the orphans (``load_only``) and then only writes to the
+    instances it handed the executors (apache/airflow#71272); #71348 proposes re-selecting them by id.
+    """
+    import dis
+
+    adopt = getattr(runner_cls, "adopt_or_reset_orphaned_tasks", None)
+    code = getattr(getattr(adopt, "__wrapped__", adopt), "__code__", None)
+    if code is None or "try_adopt_task_instances" not in code.co_names:
+        return None
+    names = [ins.argval for ins in dis.get_instructions(code) if isinstance(ins.argval, str)]
+    after = names[names.index("try_adopt_task_instances") + 1 :]
+    return bool(_REREADS.intersection(after))
+
+
 def processor_runs_task_callbacks(execute_callbacks: Any) -> bool:
     """
     Whether the Dag processor's ``_execute_callbacks`` runs task callbacks (3.0.0 to 3.0.3 raise instead).
@@ -318,7 +368,7 @@ def read_facts(
     """
     if sink_cls is None:
         return AirflowFacts(version, None, None, has_callback_sink=False)
-    hooks = (*SINK_FIX_HOOKS, *PURGE_FIX_HOOKS, *EVENT_TYPE_FIX_HOOKS)
+    hooks = (*SINK_FIX_HOOKS, *PURGE_FIX_HOOKS, *EVENT_TYPE_FIX_HOOKS, *ADOPTION_FIX_HOOKS)
     missing = tuple(dict.fromkeys(hook for hook in hooks if not hasattr(runner_cls, hook)))
     return AirflowFacts(
         version=version,
@@ -328,4 +378,5 @@ def read_facts(
         purge_locks_each_ti=purge_locks_each_ti(runner_cls),
         executor_events_type_callbacks=executor_events_type_callbacks(runner_cls),
         processor_runs_task_callbacks=processor_runs_task_callbacks(execute_callbacks),
+        adoption_keeps_orphans_attached=adoption_keeps_orphans_attached(runner_cls),
     )

@@ -31,7 +31,8 @@ from airflow_heartbeat_fix._compat import (
     scoped_session,
     with_row_locks,
 )
-from airflow_heartbeat_fix.detection import EVENT_TYPE_FIX, LOCK_FIX, PURGE_FIX, SINK_FIX
+from airflow_heartbeat_fix.adoption import HeldOrphanAdoptionMixin
+from airflow_heartbeat_fix.detection import ADOPTION_FIX, EVENT_TYPE_FIX, LOCK_FIX, PURGE_FIX, SINK_FIX
 from airflow_heartbeat_fix.metrics import FixGaugesMixin
 
 if TYPE_CHECKING:
@@ -416,10 +417,12 @@ MIXINS: dict[str, type[SchedulerJobRunner]] = {
     PURGE_FIX: ConvergedHeartbeatPurgeMixin,
     LOCK_FIX: LockedPurgeRevalidationMixin,
     EVENT_TYPE_FIX: TypedExecutorEventCallbacksMixin,
+    ADOPTION_FIX: HeldOrphanAdoptionMixin,
 }
 #: MRO order: the lock hands single task instances to the purge (backport or stock), which sends
 #: callbacks through the sink's session; the executor-event typing wraps the sink's session binding.
-MIXIN_ORDER = (LOCK_FIX, PURGE_FIX, EVENT_TYPE_FIX, SINK_FIX)
+#: The orphan adoption shares no method with the others.
+MIXIN_ORDER = (LOCK_FIX, PURGE_FIX, EVENT_TYPE_FIX, SINK_FIX, ADOPTION_FIX)
 
 
 @functools.cache

@@ -6,12 +6,14 @@ import pytest
 
 from airflow_heartbeat_fix import activation
 from airflow_heartbeat_fix.detection import (
+    ADOPTION_FIX,
     EVENT_TYPE_FIX,
     LOCK_FIX,
     PURGE_FIX,
     SINK_FIX,
     AirflowFacts,
     FixState,
+    adoption_keeps_orphans_attached,
     decide,
     executor_events_type_callbacks,
     processor_runs_task_callbacks,
@@ -183,6 +185,7 @@ def test_facts_of_this_airflow_are_recognised():
     assert facts.purge_converges is not None
     assert facts.purge_locks_each_ti is not None
     assert facts.executor_events_type_callbacks is not None
+    assert facts.adoption_keeps_orphans_attached is not None
 
 
 @pytest.mark.parametrize("enabled", [True, False])
@@ -191,3 +194,38 @@ def test_decide_without_a_callback_sink_is_not_applicable(enabled: bool) -> None
     decided = decide(AirflowFacts("4.0.0", None, None, has_callback_sink=False), enabled=enabled)
     assert {d.state for d in decided.values()} == {FixState.NOT_APPLICABLE}
     assert all("has no DatabaseCallbackSink" in d.reason for d in decided.values())
+
+
+@pytest.mark.parametrize(
+    ("attached", "missing", "enabled", "expected"),
+    [
+        pytest.param(False, (), True, A, id="every release to 3.4.0b2"),
+        pytest.param(True, (), True, N, id="re-reads the orphans upstream"),
+        pytest.param(False, (), False, D, id="off switch"),
+        pytest.param(None, (), True, U, id="unknown shape"),
+        pytest.param(False, ("adopt_or_reset_orphaned_tasks",), True, U, id="no adoption"),
+    ],
+)
+def test_decide_orphan_adoption(attached, missing, enabled, expected):
+    facts = AirflowFacts("9.9.9", True, False, missing, adoption_keeps_orphans_attached=attached)
+    assert decide(facts, enabled=enabled)[ADOPTION_FIX].state is expected
+
+
+def test_adoption_shapes():
+    class Stock:
+        def adopt_or_reset_orphaned_tasks(self, session):
+            tis = session.scalars(query).all()  # noqa: F821
+            for ti in executor.try_adopt_task_instances(tis):  # noqa: F821
+                ti.prepare_db_for_next_try(session=session)
+            session.flush()
+
+    class Reselects:
+        def adopt_or_reset_orphaned_tasks(self, session):
+            tis = session.scalars(query).all()  # noqa: F821
+            to_reset = executor.try_adopt_task_instances(tis)  # noqa: F821
+            for ti in session.scalars(select_by_id(to_reset)):  # noqa: F821
+                ti.prepare_db_for_next_try(session=session)
+
+    assert adoption_keeps_orphans_attached(Stock) is False
+    assert adoption_keeps_orphans_attached(Reselects) is True
+    assert adoption_keeps_orphans_attached(object) is None

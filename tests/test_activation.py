@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 # Every test here runs its Airflow processes with the switch it needs, whatever the cell's mode.
-pytestmark = pytest.mark.mode_independent
+#: What activation does (the switch, the start line, the wrapper, status) does not depend on the metadata
+#: database: each release runs these in its SQLite cell (its PostgreSQL cells would repeat them).
+pytestmark = [pytest.mark.mode_independent, pytest.mark.backend("sqlite")]
 
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 STATUS = str(Path(sys.executable).with_name("airflow-heartbeat-fix"))

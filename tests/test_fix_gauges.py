@@ -16,7 +16,12 @@ from tests.test_activation import AIRFLOW, STATUS, _run
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-pytestmark = [pytest.mark.mode_independent, pytest.mark.usefixtures("scheduler_rows_cleared")]
+#: The gauges are the scheduler's, whatever its metadata database: each release's SQLite cell runs them.
+pytestmark = [
+    pytest.mark.mode_independent,
+    pytest.mark.backend("sqlite"),
+    pytest.mark.usefixtures("scheduler_rows_cleared"),
+]
 
 PREFIX = "airflow"
 

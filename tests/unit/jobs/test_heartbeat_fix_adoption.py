@@ -387,10 +387,7 @@ class TestSchedulerJob:
             assert settings.engine is not None
             with settings.engine.connect() as other:
                 rows = other.execute(
-                    text(
-                        "SELECT id FROM task_instance WHERE run_id = 'orphaned_run' "
-                        "FOR UPDATE SKIP LOCKED"
-                    )
+                    text("SELECT id FROM task_instance WHERE run_id = 'orphaned_run' FOR UPDATE SKIP LOCKED")
                 ).all()
                 other.rollback()
             lockable.append(len(rows))

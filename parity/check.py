@@ -53,9 +53,13 @@ class Cell:
 
     @classmethod
     def from_name(cls, name: str) -> Cell | None:
-        """``3.4.0b2-sqlite-stock`` -> Cell; None for a name that is not a cell (e.g. ``lint``)."""
+        """
+        ``3.4.0b2-sqlite-stock`` (or a dependency set's ``3.1.8-sqlalchemy1.4-postgres-stock``) -> Cell;
+        None for a name that is not a matrix cell: ``lint``, or another session's cell such as
+        ``kubernetes-3.3.2-sqlite-fixed``, which runs only part of the suite.
+        """
         parts = name.rsplit("-", 2)
-        return cls(*parts) if len(parts) == 3 and all(parts) else None
+        return cls(*parts) if len(parts) == 3 and all(parts) and parts[0][:1].isdigit() else None
 
 
 @dataclass(frozen=True)

@@ -203,23 +203,18 @@ def _decide_event_type(facts: AirflowFacts, enabled: bool) -> FixDecision:
 
 
 def _decide_adoption(facts: AirflowFacts, enabled: bool) -> FixDecision:
-    fact = facts.adoption_keeps_orphans_attached
-    what = "adopt_or_reset_orphaned_tasks"
-    if unsupported := _unrecognised(facts, ADOPTION_FIX, ADOPTION_FIX_HOOKS, fact, what):
-        return unsupported
-    if fact:
-        return FixDecision(
-            ADOPTION_FIX,
-            FixState.NOT_NEEDED,
-            "adopt_or_reset_orphaned_tasks re-reads the orphans through its session after executors adopt",
-        )
-    if not enabled:
-        return FixDecision(ADOPTION_FIX, FixState.DISABLED, "[heartbeat_fix] enabled = False")
-    return FixDecision(
+    attached = facts.adoption_keeps_orphans_attached
+    return _decide_standalone(
+        facts,
+        enabled,
         ADOPTION_FIX,
-        FixState.ACTIVE,
-        "adopt_or_reset_orphaned_tasks hands its locked, half-loaded orphans to try_adopt_task_instances "
-        "in its own session; a scoped create_session() there commits and closes it",
+        None if attached is None else not attached,
+        hooks=ADOPTION_FIX_HOOKS,
+        what="adopt_or_reset_orphaned_tasks",
+        not_needed="adopt_or_reset_orphaned_tasks re-reads the orphans through its session after executors "
+        "adopt",
+        active="adopt_or_reset_orphaned_tasks hands its locked, half-loaded orphans to "
+        "try_adopt_task_instances in its own session; a scoped create_session() there commits and closes it",
     )
 
 

@@ -116,8 +116,14 @@ def measure(n: int, kind: str) -> dict[str, Any]:
             "adopted": count(TI.state == "running", TI.queued_by_job_id == own_id),
             "still_orphaned": count(TI.queued_by_job_id == dead_id),
         }
-    return {"n": n, "statements": counter.statements, "commits": counter.commits, "error": error, **left,
-            "kinds": dict(counter.kinds)}
+    return {
+        "n": n,
+        "statements": counter.statements,
+        "commits": counter.commits,
+        "error": error,
+        **left,
+        "kinds": dict(counter.kinds),
+    }
 
 
 def child(args: argparse.Namespace) -> None:
@@ -144,23 +150,30 @@ def main(argv: list[str] | None = None) -> int:
     from airflow import __version__ as version  # the interpreter's Airflow; children run the same one
 
     print(f"Airflow {version}, N = {args.n}, {args.db_url.split(':', 1)[0]}")
-    print(f"{'executor':15} {'mode':6} {'statements':>10} {'commits':>7} {'reset':>6} {'adopted':>7} "
-          f"{'orphaned':>8}  error")
+    print(
+        f"{'executor':15} {'mode':6} {'statements':>10} {'commits':>7} {'reset':>6} {'adopted':>7} "
+        f"{'orphaned':>8}  error"
+    )
     for kind in args.executor or EXECUTORS:
         for mode in ("stock", "fixed"):
             env = {**os.environ, "AIRFLOW__HEARTBEAT_FIX__ENABLED": str(mode == "fixed")}
             command = [sys.executable, "-m", "benchmarks.adoption_cost", "--child", "--executor", kind]
             out = subprocess.run(
                 [*command, "--n", str(args.n), "--db-url", args.db_url],
-                env=env, capture_output=True, text=True, check=False,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
             )
             lines = [line for line in out.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
             if not lines:
                 print(f"{kind:15} {mode:6} no result (exit {out.returncode}): {out.stderr[-400:]}")
                 continue
             r = json.loads(lines[-1].removeprefix(RESULT_PREFIX))
-            print(f"{kind:15} {mode:6} {r['statements']:>10} {r['commits']:>7} {r['reset']:>6} "
-                  f"{r['adopted']:>7} {r['still_orphaned']:>8}  {r['error'] or ''}")
+            print(
+                f"{kind:15} {mode:6} {r['statements']:>10} {r['commits']:>7} {r['reset']:>6} "
+                f"{r['adopted']:>7} {r['still_orphaned']:>8}  {r['error'] or ''}"
+            )
     return 0
 
 

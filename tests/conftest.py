@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 _home = os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="hbfix-home-"))
 os.environ.setdefault("HEARTBEAT_FIX_TEST_DB_URL", f"sqlite:///{_home}/airflow.db")
@@ -35,6 +36,9 @@ import pytest  # noqa: E402
 from sqlalchemy.exc import IntegrityError  # noqa: E402
 
 from parity.expectations import Expectations, ExpectationsError, disagreements_with_detection, load  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 pytest_plugins = ["tests_common.pytest_plugin"]
 
@@ -112,3 +116,15 @@ def _deselect_not_applicable(
     if elsewhere:
         config.hook.pytest_deselected(items=elsewhere)
         items[:] = [item for item in items if item not in elsewhere]
+
+
+@pytest.fixture
+def scheduler_rows_cleared() -> Iterator[None]:
+    """A real ``airflow scheduler`` writes its ``job`` row and a ``log`` row: none is left behind."""
+    from tests_common.test_utils.db import clear_db_jobs, clear_db_logs
+
+    clear_db_jobs()
+    clear_db_logs()
+    yield
+    clear_db_jobs()
+    clear_db_logs()

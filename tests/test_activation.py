@@ -11,17 +11,13 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
-from tests_common.test_utils.db import clear_db_jobs, clear_db_logs
 
 import airflow_heartbeat_fix
 from airflow_heartbeat_fix import activation, provider_info
 from airflow_heartbeat_fix.detection import FixState
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
 
 # Every test here runs its Airflow processes with the switch it needs, whatever the cell's mode.
 #: What activation does (the switch, the start line, the wrapper, status) does not depend on the metadata
@@ -81,16 +77,6 @@ def _run(
 def _needed_fixes() -> list[str]:
     decided = activation.decide(activation.facts(), enabled=True)
     return [fix for fix, decision in decided.items() if decision.state is FixState.ACTIVE]
-
-
-@pytest.fixture
-def scheduler_rows_cleared() -> Iterator[None]:
-    """A real ``airflow scheduler`` writes its ``job`` row and a ``log`` row: none is left behind."""
-    clear_db_jobs()
-    clear_db_logs()
-    yield
-    clear_db_jobs()
-    clear_db_logs()
 
 
 def _start_lines(output: str) -> list[str]:

@@ -6,7 +6,6 @@ import socket
 from typing import TYPE_CHECKING
 
 import pytest
-from tests_common.test_utils.db import clear_db_jobs, clear_db_logs
 
 from airflow_heartbeat_fix import activation
 from airflow_heartbeat_fix.detection import FIXES, FixState
@@ -24,16 +23,6 @@ pytestmark = [
 ]
 
 PREFIX = "airflow"
-
-
-@pytest.fixture
-def scheduler_rows_cleared() -> Iterator[None]:
-    """The schedulers started here leave no ``job`` or ``log`` row behind."""
-    clear_db_jobs()
-    clear_db_logs()
-    yield
-    clear_db_jobs()
-    clear_db_logs()
 
 
 @pytest.fixture

@@ -262,21 +262,45 @@ def package(session: nox.Session) -> None:
     )
 
 
+def project_wheel(session: nox.Session) -> Path:
+    """The package's wheel, built once for the sources as they are (the first session builds, the others
+    wait on the lock): building it inside each pip run would repeat the same isolated build per release."""
+    from uv import find_uv_bin
+
+    sources = [
+        ROOT / "pyproject.toml",
+        *sorted(ROOT.glob("airflow_heartbeat_fix/**/*.py")),
+        *sorted(ROOT.glob("dags/*.py")),
+    ]
+    sources = [path for path in sources if path.name != "_version.py"]  # written by every build
+    tag = hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()[:12]
+    out = RESULTS / "wheel" / tag
+    with _locked(RESULTS / "wheel" / ".lock"):
+        if not any(out.glob("*.whl")):
+            shutil.rmtree(out, ignore_errors=True)
+            session.run(
+                find_uv_bin(), "build", "--wheel", "--quiet", "--out-dir", str(out), str(ROOT), external=True
+            )
+    return next(out.glob("*.whl"))
+
+
 @nox.session(allow_parallel=True)
 @nox.parametrize("airflow", AIRFLOW_VERSIONS)
 def install_check(session: nox.Session, airflow: str) -> None:
     """``pip install`` of the package next to this Airflow never changes the Airflow that is installed.
 
-    pip, not uv, because that is what operators run; ``--dry-run --report`` lists what pip would change
+    pip, not uv, because that is what operators run, and of the wheel, which is what they install (one
+    build for every release, :func:`project_wheel`); ``--dry-run --report`` lists what pip would change
     in the environment built with this release's constraints. ``status -o json`` is recorded beside it
     (``status-<airflow>.json``), and the parity session checks each fix's state against [bugs].
     The ``[celery]`` extra may add the Celery provider, and no other Airflow package (checked where the
     release's constraints pin that provider: the releases the Celery topology runs on).
     """
     bin_dir = airflow_env(session, airflow)
-    targets: list[tuple[str, set[str]]] = [(str(ROOT), set())]
+    wheel = str(project_wheel(session))
+    targets: list[tuple[str, set[str]]] = [(wheel, set())]
     if "apache-airflow-providers-celery==" in (CONSTRAINTS / f"airflow-{airflow}.txt").read_text():
-        targets.append((f"{ROOT}[celery]", {"apache-airflow-providers-celery"}))
+        targets.append((f"{wheel}[celery]", {"apache-airflow-providers-celery"}))
     for target, allowed in targets:
         report = RESULTS / f"install-{airflow}{'-celery' if allowed else ''}.json"
         session.run(

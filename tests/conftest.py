@@ -88,6 +88,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if undeclared:
         raise pytest.UsageError(f"parity/expectations.toml declares no [[test]] for {', '.join(undeclared)}")
     _deselect_not_applicable(config, items, expectations, version, "fixed" if is_enabled() else "stock")
+    _deselect_without_kubernetes_provider(config, items)
     if is_enabled():
         return
     for item in items:
@@ -116,6 +117,19 @@ def _deselect_not_applicable(
     if elsewhere:
         config.hook.pytest_deselected(items=elsewhere)
         items[:] = [item for item in items if item not in elsewhere]
+
+
+def _deselect_without_kubernetes_provider(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``kubernetes`` are deselected (not skipped) where cncf-kubernetes is not installed."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution("apache-airflow-providers-cncf-kubernetes")
+    except PackageNotFoundError:
+        elsewhere = [item for item in items if item.get_closest_marker("kubernetes")]
+        if elsewhere:
+            config.hook.pytest_deselected(items=elsewhere)
+            items[:] = [item for item in items if item not in elsewhere]
 
 
 @pytest.fixture

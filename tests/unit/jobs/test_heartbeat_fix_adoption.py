@@ -69,35 +69,6 @@ try:
 except ImportError:
     kubernetes_executor = None
 
-#: The bug the stock cells expect the tests to catch (parity/expectations.toml).
-BUG = "adoption_session_ended_by_executor"
-
-
-def _executors_param() -> list[Any]:
-    """
-    The executors ``test_adopt_or_reset_orphaned_tasks`` runs with. The real KubernetesExecutor only
-    where its provider is installed (``nox -s tests_kubernetes``), with its stock strict xfail taken from
-    the same [bugs] table that drives the declared tests' (it is not declared itself: the matrix's cells,
-    which the parity report reads, do not install the provider).
-    """
-    params = [pytest.param("local_executor"), pytest.param("scoped_session_executor")]
-    if kubernetes_executor is not None:
-        params.append(pytest.param("kubernetes_executor", marks=[_stock_xfail_of_the_bug()]))
-    return params
-
-
-def _stock_xfail_of_the_bug() -> pytest.MarkDecorator:
-    """A strict xfail where stock Airflow has :data:`BUG`, as ``[bugs]`` of parity/expectations.toml says."""
-    from airflow import __version__ as version
-
-    from airflow_heartbeat_fix.activation import is_enabled
-    from parity.expectations import load
-
-    has_it = not is_enabled() and version in load().bugs[BUG].versions
-    reason = f"stock Airflow {version} has {BUG}: this test must catch it"
-    return pytest.mark.xfail(has_it, strict=True, raises=AssertionError, reason=reason)
-
-
 #: Orphans per test: two the executor adopts (their workers are alive), three it hands back to reset.
 ADOPTED, RESET = ("adopt_0", "adopt_1"), ("reset_0", "reset_1", "reset_2")
 
@@ -615,7 +586,9 @@ class TestSchedulerJob:
         runner = _runner(session, ScopedSessionExecutor())
         assert _adopt(runner) == 0
 
-    @pytest.mark.parametrize("executor", _executors_param())
+    # The real KubernetesExecutor's case needs the ``kubernetes`` extra: parity/expectations.toml declares
+    # it not applicable without it, so only ``nox -s tests_kubernetes`` runs it.
+    @pytest.mark.parametrize("executor", ["local_executor", "scoped_session_executor", "kubernetes_executor"])
     def test_adopt_or_reset_orphaned_tasks(
         self, session: Session, orphans: list[TaskInstance], dead_job: Job, executor: str
     ) -> None:
@@ -636,8 +609,6 @@ class TestSchedulerJob:
             assert _adopt(runner) == len(RESET) + len(ADOPTED) - len(adopted)
         self._assert_adopted_or_reset_once(session, runner.job.id, adopted)
 
-    @pytest.mark.kubernetes
-    @_stock_xfail_of_the_bug()
     def test_restarted_scheduler_adopts_or_resets_orphaned_tasks(
         self, session: Session, orphans: list[TaskInstance], dead_job: Job, tmp_path: Path
     ) -> None:

@@ -80,7 +80,10 @@ def matrix_cells(expectations: Expectations) -> list[Cell]:
 
 
 def expected_outcome(expectations: Expectations, node: str, cell: Cell) -> Result:
-    """Fixed: every applicable test passes. Stock: strict xfail where the release has a bug it catches."""
+    """
+    Fixed: every applicable test passes. Stock: strict xfail where the release has a bug it catches.
+    A matrix cell has none of the package's extras but ``dev``, so a test that needs one is n/a there.
+    """
     reason = expectations.not_applicable(node, cell.release, cell.db, cell.mode)
     if reason is not None:
         return Result(Outcome.NOT_APPLICABLE, reason)

@@ -53,8 +53,13 @@ class NotApplicable:
     dbs: tuple[str, ...] | None
     modes: tuple[str, ...] | None
     reason: str
+    #: the package extra the test needs (``kubernetes``): it does not run where that extra is not
+    #: installed, which is every matrix cell (their environments have the ``dev`` extra only)
+    without_extra: str | None = None
 
-    def covers(self, version: str, db: str, mode: str) -> bool:
+    def covers(self, version: str, db: str, mode: str, extras: frozenset[str] = frozenset()) -> bool:
+        if self.without_extra is not None and self.without_extra in extras:
+            return False
         return all(
             allowed is None or value in allowed
             for allowed, value in ((self.versions, version), (self.dbs, db), (self.modes, mode))
@@ -103,14 +108,16 @@ class Expectations:
             return ()
         return tuple(self.bugs[name] for name in entry.catches if version in self.bugs[name].versions)
 
-    def not_applicable(self, nodeid: str, version: str, db: str, mode: str) -> str | None:
-        """Why ``nodeid`` does not run in that cell, or ``None`` if it does."""
+    def not_applicable(
+        self, nodeid: str, version: str, db: str, mode: str, extras: frozenset[str] = frozenset()
+    ) -> str | None:
+        """Why ``nodeid`` does not run in that cell (with the package's ``extras`` installed), or ``None``."""
         entry = self.for_node(nodeid)
         if entry is None:
             return None
         if version in self.sweep and not entry.catches:
             return SWEEP_RULE
-        return next((na.reason for na in entry.not_applicable if na.covers(version, db, mode)), None)
+        return next((na.reason for na in entry.not_applicable if na.covers(version, db, mode, extras)), None)
 
     def left_out_of_sweep(self, nodeid: str, version: str) -> bool:
         """Whether ``version`` is a sweep release whose cells leave ``nodeid`` out (:data:`SWEEP_RULE`)."""
@@ -157,7 +164,7 @@ def _strings(value: Any, where: str) -> tuple[str, ...]:
 def _not_applicable(raw: Any, where: str, matrix: dict[str, tuple[str, ...]]) -> NotApplicable:
     if not isinstance(raw, dict) or not isinstance(raw.get("reason"), str) or not raw["reason"]:
         raise ExpectationsError(f"{where}: not_applicable entries need a non-empty reason")
-    unknown_keys = set(raw) - {*_NOT_APPLICABLE_KEYS, "reason"}
+    unknown_keys = set(raw) - {*_NOT_APPLICABLE_KEYS, "reason", "without_extra"}
     if unknown_keys:
         raise ExpectationsError(f"{where}: unknown not_applicable keys {sorted(unknown_keys)}")
     narrowed: dict[str, tuple[str, ...] | None] = {}
@@ -167,7 +174,10 @@ def _not_applicable(raw: Any, where: str, matrix: dict[str, tuple[str, ...]]) ->
         if values is not None and (unknown := set(values) - set(known)):
             raise ExpectationsError(f"{where}.{key}: {sorted(unknown)} not in [matrix].{key}")
         narrowed[key] = values
-    return NotApplicable(reason=raw["reason"], **narrowed)
+    extra = raw.get("without_extra")
+    if extra is not None and (not isinstance(extra, str) or not extra):
+        raise ExpectationsError(f"{where}.without_extra: expected the name of an extra, got {extra!r}")
+    return NotApplicable(reason=raw["reason"], without_extra=extra, **narrowed)
 
 
 def _bug(name: str, raw: Any, versions: tuple[str, ...]) -> Bug:

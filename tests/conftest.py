@@ -100,22 +100,59 @@ def _deselect_not_applicable(
 ) -> None:
     """
     Deselect (not skip) what the expectations say does not run in this cell, as the report says: tests
-    declared not applicable here and, on a sweep release, every test but those that catch a bug.
+    declared not applicable here (or without an extra they need) and, on a sweep release, every test but
+    those that catch a bug.
     """
     from tests_common.pytest_plugin import current_backend
 
     db = current_backend()
     # HEARTBEAT_FIX_SWEEP=full (nox -s sweep_full): a sweep release runs everything, as the newest does.
     sweep_rule = os.environ.get("HEARTBEAT_FIX_SWEEP") != "full"
+    extras = installed_extras()
     elsewhere = [
         item
         for item in items
         if (sweep_rule and expectations.left_out_of_sweep(item.nodeid, version))
-        or expectations.not_applicable(item.nodeid, version, db, mode)
+        or expectations.not_applicable(item.nodeid, version, db, mode, extras)
     ]
     if elsewhere:
         config.hook.pytest_deselected(items=elsewhere)
         items[:] = [item for item in items if item not in elsewhere]
+
+
+def installed_extras() -> frozenset[str]:
+    """
+    The package's extras whose requirements are all installed here, at versions they allow (``dev``;
+    ``kubernetes`` in ``nox -s tests_kubernetes``). None where the package is not installed (Breeze).
+    """
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from packaging.requirements import Requirement
+
+    try:
+        metadata = distribution("airflow-heartbeat-fix").metadata
+    except PackageNotFoundError:
+        return frozenset()
+
+    def satisfied(requirement: Requirement) -> bool:
+        try:
+            return requirement.specifier.contains(distribution(requirement.name).version, prereleases=True)
+        except PackageNotFoundError:
+            return False
+
+    requirements = [Requirement(line) for line in metadata.get_all("Requires-Dist") or []]
+    extras = set()
+    for extra in metadata.get_all("Provides-Extra") or []:
+        needed = [
+            r
+            for r in requirements
+            if r.marker is not None
+            and r.marker.evaluate({"extra": extra})
+            and not r.marker.evaluate({"extra": ""})
+        ]
+        if all(map(satisfied, needed)):
+            extras.add(extra)
+    return frozenset(extras)
 
 
 @pytest.fixture

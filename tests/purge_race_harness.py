@@ -808,19 +808,19 @@ def kill_scheduler_mid_purge(
     procs = Processes(marker=f"hbfix-kill-{uuid.uuid4()}")
     started, timeline = time.monotonic(), dict[str, float]()
     try:
-        first = _start_scheduler(procs, "killed-scheduler", home, fix_enabled=fix_enabled)
-        job_id = _scheduler_job(procs, first, known=set())
+        first = start_scheduler(procs, "killed-scheduler", home, fix_enabled=fix_enabled)
+        job_id = scheduler_job(procs, first, known=set())
         timeline["up"] = time.monotonic() - started
-        _check_activation(first, fix_enabled)
+        check_activation(first, fix_enabled)
         make_stale_for_job(tis, job_id, session)
         died_by_itself = _kill_mid_purge(procs, first, kill_at, batch)
         _wait_for_other_backends()
         timeline["died"] = time.monotonic() - started
         at_kill = _killed_tries(dag_id, run_id)
-        second = _start_scheduler(
+        second = start_scheduler(
             procs, "restarted-scheduler", home, fix_enabled=fix_enabled, **RESTART_CONFIG
         )
-        _scheduler_job(procs, second, known={job_id})
+        scheduler_job(procs, second, known={job_id})
         timeline["restarted"] = time.monotonic() - started
         restart_failed = _wait_until_dealt_with(procs, second, dag_id, run_id)
         procs.stop_all()
@@ -839,7 +839,7 @@ def kill_scheduler_mid_purge(
     )
 
 
-def _start_scheduler(
+def start_scheduler(
     procs: Processes, name: str, home: Path, *, fix_enabled: bool, **config: str
 ) -> Component:
     """``airflow scheduler`` in ``home``, in a process group of its own, without this process's config."""
@@ -874,7 +874,7 @@ def _start_scheduler(
     return procs.start(name, argv, {**env, **config}, home / f"{name}.log", home)
 
 
-def _scheduler_job(procs: Processes, scheduler: Component, *, known: set[int]) -> int:
+def scheduler_job(procs: Processes, scheduler: Component, *, known: set[int]) -> int:
     """The id of the job ``scheduler`` registers (the first SchedulerJob not in ``known``)."""
     from airflow.jobs.job import Job
     from airflow.utils.session import create_session
@@ -888,13 +888,13 @@ def _scheduler_job(procs: Processes, scheduler: Component, *, known: set[int]) -
         if found is not None:
             return int(found)
         if scheduler.exit_code() is not None:
-            raise RuntimeError(f"{scheduler.name} exited before registering its job:\n{_tail(scheduler)}")
+            raise RuntimeError(f"{scheduler.name} exited before registering its job:\n{tail(scheduler)}")
         procs.track()
         time.sleep(0.2)
-    raise TimeoutError(f"{scheduler.name} registered no job in {START_TIMEOUT:.0f}s:\n{_tail(scheduler)}")
+    raise TimeoutError(f"{scheduler.name} registered no job in {START_TIMEOUT:.0f}s:\n{tail(scheduler)}")
 
 
-def _check_activation(scheduler: Component, fix_enabled: bool) -> None:
+def check_activation(scheduler: Component, fix_enabled: bool) -> None:
     """The scheduler runs the fixes (or none of them) as asked; the log says so before the job exists."""
     from airflow_heartbeat_fix.demo.report import find_fix_summary
 
@@ -937,7 +937,7 @@ def _kill_mid_purge(procs: Processes, scheduler: Component, kill_at: int, batch:
         procs.track()
         time.sleep(POLL)
     raise TimeoutError(
-        f"{scheduler.name} stored no {kill_at} callbacks in {PURGE_TIMEOUT:.0f}s:\n{_tail(scheduler)}"
+        f"{scheduler.name} stored no {kill_at} callbacks in {PURGE_TIMEOUT:.0f}s:\n{tail(scheduler)}"
     )
 
 
@@ -1004,16 +1004,16 @@ def _wait_until_dealt_with(procs: Processes, scheduler: Component, dag_id: str, 
     running = (TaskInstanceState.RUNNING, TaskInstanceState.RESTARTING)
     while any(t.state in running for t in _killed_tries(dag_id, run_id)):
         if (code := scheduler.exit_code()) is not None:
-            return f"exited (code {code}) before it dealt with the killed one's tries:\n{_tail(scheduler)}"
+            return f"exited (code {code}) before it dealt with the killed one's tries:\n{tail(scheduler)}"
         if time.monotonic() > deadline:
             return f"left tries running for {RESTART_TIMEOUT:.0f}s"
         procs.track()
         time.sleep(0.2)
     time.sleep(2 * PURGE_EVERY)
     if (code := scheduler.exit_code()) is not None:
-        return f"exited (code {code}):\n{_tail(scheduler)}"
+        return f"exited (code {code}):\n{tail(scheduler)}"
     return None
 
 
-def _tail(component: Component, lines: int = 30) -> str:
+def tail(component: Component, lines: int = 30) -> str:
     return "\n".join(component.read_log().splitlines()[-lines:])

@@ -93,6 +93,19 @@ def test_not_applicable_matches_cells() -> None:
     assert expectations.not_applicable(NODE, "3.3.2", "postgres", "stock") is None
 
 
+def test_a_test_without_its_extra_is_not_applicable() -> None:
+    """``without_extra``: not applicable where that extra is missing, as in every cell of the report."""
+    data = copy.deepcopy(_file())
+    data["test"][1]["not_applicable"] = [{"without_extra": "kubernetes", "reason": "needs the provider"}]
+    expectations = parse(data)
+    retry = f"{NODE}[retry]"
+    assert expectations.not_applicable(retry, "3.4.0b2", "postgres", "stock") == "needs the provider"
+    assert (
+        expectations.not_applicable(retry, "3.4.0b2", "postgres", "stock", frozenset({"kubernetes"})) is None
+    )
+    assert expectations.not_applicable(NODE, "3.4.0b2", "postgres", "stock") is None
+
+
 def _broken(change: str) -> dict[str, Any]:
     data = copy.deepcopy(_file())
     base, override = data["test"]
@@ -114,6 +127,8 @@ def _broken(change: str) -> dict[str, Any]:
         base["stock"] = {"3.3.2": "pass"}
     elif change == "not_applicable without reason":
         base["not_applicable"] = [{"dbs": ["sqlite"]}]
+    elif change == "without_extra not a name":
+        base["not_applicable"] = [{"without_extra": ["kubernetes"], "reason": "x"}]
     elif change == "release both in the full matrix and the sweep":
         data["matrix"]["sweep"] = ["3.3.2"]
     return data
@@ -131,6 +146,7 @@ def _broken(change: str) -> dict[str, Any]:
         "declared twice",
         "unknown key",
         "not_applicable without reason",
+        "without_extra not a name",
         "release both in the full matrix and the sweep",
     ],
 )

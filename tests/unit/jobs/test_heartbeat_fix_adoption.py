@@ -13,6 +13,9 @@ thread's scoped session and commits it). What varies is the executor's ``try_ado
 * the real ``KubernetesExecutor`` of cncf-kubernetes 10.17.x with only the Kubernetes API replaced
   (:class:`FakeCluster`); run where the provider is installed (``nox -s tests_kubernetes``).
 
+End to end, a real ``airflow scheduler`` with that executor is started over the orphans, its Kubernetes
+API server replaced by :class:`FakeKubernetesApi` (HTTP on loopback, reached through a kubeconfig).
+
 Stock Airflow crashes with ``DetachedInstanceError`` (turned into an ``AssertionError`` naming it, so
 the stock cells' strict xfails see an assertion), releases the orphans' row locks before it has written
 anything (PostgreSQL), and lets a second scheduler adopt or reset the same task instances.
@@ -21,30 +24,43 @@ anything (PostgreSQL), and lets a second scheduler adopt or reset the same task 
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from airflow import settings
 from airflow.executors.local_executor import LocalExecutor
 from airflow.jobs.job import Job, JobState
+from airflow.models.dag import DagModel
 from airflow.models.taskinstance import TaskInstance
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.utils.session import create_session
 from airflow.utils.state import DagRunState, TaskInstanceState
-from sqlalchemy import select, text
+from sqlalchemy import select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm.exc import DetachedInstanceError
 from tests_common.test_utils.db import clear_db_dags, clear_db_jobs, clear_db_logs, clear_db_runs
 
+from tests import purge_race_harness as harness
 from tests.unit.jobs.test_scheduler_job import _archives_tries, _scheduler_runner
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
+    from pathlib import Path
 
     from sqlalchemy.orm import Session
     from tests_common.pytest_plugin import DagMaker
+
+    from airflow_heartbeat_fix.demo.processes import Component, Processes
 
 pytestmark = pytest.mark.db_test
 
@@ -52,32 +68,6 @@ try:
     from airflow.providers.cncf.kubernetes.executors import kubernetes_executor
 except ImportError:
     kubernetes_executor = None
-
-#: The bug the stock cells expect the tests to catch (parity/expectations.toml).
-BUG = "adoption_session_ended_by_executor"
-
-
-def _executors_param() -> list[Any]:
-    """
-    The executors ``test_adopt_or_reset_orphaned_tasks`` runs with. The real KubernetesExecutor only
-    where its provider is installed (``nox -s tests_kubernetes``), with its stock strict xfail taken from
-    the same [bugs] table that drives the declared tests' (it is not declared itself: the matrix's cells,
-    which the parity report reads, do not install the provider).
-    """
-    params = [pytest.param("local_executor"), pytest.param("scoped_session_executor")]
-    if kubernetes_executor is not None:
-        from airflow import __version__ as version
-
-        from airflow_heartbeat_fix.activation import is_enabled
-        from parity.expectations import load
-
-        marks = []
-        if not is_enabled() and version in load().bugs[BUG].versions:
-            reason = f"stock Airflow {version} has {BUG}: this test must catch it"
-            marks.append(pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason))
-        params.append(pytest.param("kubernetes_executor", marks=marks))
-    return params
-
 
 #: Orphans per test: two the executor adopts (their workers are alive), three it hands back to reset.
 ADOPTED, RESET = ("adopt_0", "adopt_1"), ("reset_0", "reset_1", "reset_2")
@@ -223,6 +213,265 @@ def _kubernetes_executor(cluster: FakeCluster, job_id: int) -> Iterator[Any]:
         executor._manager.shutdown()
 
 
+#: How long the fake API server keeps a watch open, sending no event; the watcher then watches again.
+WATCH_HOLD_SECONDS = 20.0
+#: The discovery documents ``kubernetes.dynamic.DynamicClient`` reads before it can list pods.
+DISCOVERY: dict[str, dict[str, Any]] = {
+    "/version": {"major": "1", "minor": "31", "gitVersion": "v1.31.0"},
+    "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": []},
+    "/api/v1": {
+        "kind": "APIResourceList",
+        "groupVersion": "v1",
+        "resources": [
+            {
+                "name": "pods",
+                "singularName": "pod",
+                "namespaced": True,
+                "kind": "Pod",
+                "verbs": ["create", "delete", "get", "list", "patch", "watch"],
+            }
+        ],
+    },
+}
+_POD_PATH = re.compile(r"^/api/v1/(?:namespaces/(?P<namespace>[^/]+)/)?pods(?:/(?P<name>[^/]+))?$")
+#: :meth:`FakeKubernetesApi.answer`'s document for a watch: the handler holds the response open instead.
+WATCH = object()
+
+
+def _pod_document(pod: Any) -> dict[str, Any]:
+    """A :class:`FakeCluster` pod as the API server serialises it (an item of a pod list)."""
+    meta = pod.metadata
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": meta.name,
+            "namespace": meta.namespace,
+            "resourceVersion": meta.resource_version,
+            "labels": dict(meta.labels),
+            "annotations": dict(meta.annotations),
+        },
+        "status": {"phase": pod.phase},
+    }
+
+
+class FakeKubernetesApi:
+    """
+    The Kubernetes API server for the real ``kubernetes`` client of a real scheduler process: HTTP on
+    127.0.0.1, serving :class:`FakeCluster`'s pods. It answers what the KubernetesExecutor and
+    ``DynamicClient`` ask: discovery, pod lists by field and label selector, pod patches, creations and
+    deletions, and watches, which stay open without events. Anything else gets a 404 and is kept in
+    :attr:`unanswered`.
+    """
+
+    def __init__(self, cluster: FakeCluster) -> None:
+        self.cluster = cluster
+        self.calls: Counter[str] = Counter()
+        self.unanswered: list[str] = []
+        self.created: list[Any] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig (JSON, which is YAML) whose one context is this server."""
+        context = {"cluster": "fake", "user": "fake", "namespace": "default"}
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "fake", "user": {"token": "fake"}}],
+                    "contexts": [{"name": "fake", "context": context}],
+                    "current-context": "fake",
+                }
+            )
+        )
+        return path
+
+    def __enter__(self) -> FakeKubernetesApi:
+        threading.Thread(target=self._server.serve_forever, name="fake-kubernetes-api", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stopping.set()  # ends the held watches
+        self._server.shutdown()
+        self._server.server_close()
+
+    def hold_watch(self) -> None:
+        self._stopping.wait(WATCH_HOLD_SECONDS)
+
+    def answer(self, method: str, path: str, query: dict[str, str], body: Any) -> tuple[int, Any]:
+        """The status and JSON document for one request, or :data:`WATCH`."""
+        match = _POD_PATH.match(path)
+        watch = query.get("watch", "").lower() == "true"
+        with self._lock:
+            self.calls[f"{method} {path}{' (watch)' if watch else ''}"] += 1
+            if method == "GET" and path in DISCOVERY:
+                return 200, DISCOVERY[path]
+            if match is not None and method == "GET" and not match["name"]:
+                if watch:
+                    return 200, WATCH
+                return 200, self._pod_list(match["namespace"], query)
+            pod = next((p for p in self.cluster.pods if match and p.metadata.name == match["name"]), None)
+            if match is not None and method == "PATCH" and pod is not None:
+                self.cluster.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace, body)
+                return 200, _pod_document(pod)
+            if match is not None and method == "DELETE" and pod is not None:
+                self.cluster.pods.remove(pod)
+                return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+            if match is not None and method == "POST" and not match["name"]:
+                self.created.append(body)
+                return 201, body
+            self.unanswered.append(f"{method} {path}")
+            return 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404}
+
+    def _pod_list(self, namespace: str | None, query: dict[str, str]) -> dict[str, Any]:
+        selectors = {
+            "field_selector": query.get("fieldSelector", ""),
+            "label_selector": query.get("labelSelector", ""),
+        }
+        items = [
+            _pod_document(pod)
+            for pod in self.cluster.pods
+            if namespace in (None, pod.metadata.namespace) and _selected(pod, selectors)
+        ]
+        return {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": items}
+
+
+def _handler_for(api: FakeKubernetesApi) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self._reply("GET")
+
+        def do_PATCH(self) -> None:
+            self._reply("PATCH")
+
+        def do_POST(self) -> None:
+            self._reply("POST")
+
+        def do_DELETE(self) -> None:
+            self._reply("DELETE")
+
+        def _reply(self, method: str) -> None:
+            url = urlsplit(self.path)
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length)) if length else None
+            status, document = api.answer(method, url.path, dict(parse_qsl(url.query)), body)
+            payload = b"" if document is WATCH else json.dumps(document).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            if document is not WATCH:  # a watch's body ends when the connection closes (HTTP/1.0)
+                self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            self.wfile.flush()
+            if document is WATCH:
+                api.hold_watch()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Silent: :attr:`FakeKubernetesApi.calls` counts the requests."""
+
+    return Handler
+
+
+# ---------------------------------------------------------------------------------------------------
+# A real `airflow scheduler` restarted over the orphans
+
+#: Starts of ``airflow scheduler`` over the same orphans, each after the last one exited, as Kubernetes
+#: restarts a crashed scheduler container: the second shows whether the crash repeats (a crash loop).
+STARTS = 2
+#: Once the orphans are dealt with, a scheduler must stay up this long (several orphan checks) to pass.
+STAY_UP_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class SchedulerStart:
+    """One ``airflow scheduler`` started over the orphans, as its process and its log showed it."""
+
+    job_id: int
+    #: how it ended (its loop's crash, or its exit); ``None``: it stayed up, and was then stopped
+    ended: str | None
+    traceback: bool
+    seconds: float
+
+    def describe(self) -> str:
+        if self.ended is None:
+            return f"stayed up ({self.seconds:.0f} s){', traceback logged' if self.traceback else ''}"
+        return f"{self.ended} ({self.seconds:.0f} s)"
+
+
+def _orphans_left(job_id: int) -> int:
+    """The live tries still queued by scheduler job ``job_id`` in a state adoption takes."""
+    from airflow.utils.state import State
+
+    table = TaskInstance.__table__
+    live = [table.c.working_set.is_(True)] if _archives_tries() else []
+    with create_session(scoped=False) as reader:
+        rows = reader.execute(
+            select(table.c.id).where(
+                table.c.queued_by_job_id == job_id, table.c.state.in_(State.adoptable_states), *live
+            )
+        ).all()
+    return len(rows)
+
+
+def _how_it_ended(procs: Processes, scheduler: Component, dead_job_id: int) -> str | None:
+    """
+    ``scheduler``'s loop crash as it logged it, or its exit; ``None`` once it has outlived the dead job's
+    orphans by :data:`STAY_UP_SECONDS`. A crashed scheduler's process group is killed at once: its
+    KubernetesExecutor would wait 20 s for the watcher process, which ignores SIGTERM, before it exits.
+    """
+    from airflow_heartbeat_fix.demo.report import find_scheduler_crash
+
+    deadline, settled_at = time.monotonic() + harness.RESTART_TIMEOUT, None
+    while time.monotonic() < deadline:
+        if crash := find_scheduler_crash(scheduler.read_log()):
+            scheduler.kill_group()
+            return f"crashed: {crash}"
+        if (code := scheduler.exit_code()) is not None:
+            return f"exited with code {code}"
+        if settled_at is None and not _orphans_left(dead_job_id):
+            settled_at = time.monotonic()
+        if settled_at is not None and time.monotonic() - settled_at >= STAY_UP_SECONDS:
+            return None
+        procs.track()
+        time.sleep(0.2)
+    raise TimeoutError(
+        f"{scheduler.name} neither ended nor dealt with the orphans in {harness.RESTART_TIMEOUT:.0f}s:\n"
+        + harness.tail(scheduler)
+    )
+
+
+def _start_over_orphans(
+    procs: Processes, home: Path, dead_job_id: int, config: dict[str, str], *, fix_enabled: bool
+) -> list[SchedulerStart]:
+    """Up to :data:`STARTS` ``airflow scheduler`` processes, each started once the one before has ended."""
+    starts: list[SchedulerStart] = []
+    known = {dead_job_id}
+    for number in range(1, STARTS + 1):
+        began = time.monotonic()
+        scheduler = harness.start_scheduler(
+            procs, f"scheduler-{number}", home, fix_enabled=fix_enabled, **config
+        )
+        job_id = harness.scheduler_job(procs, scheduler, known=known)
+        known.add(job_id)
+        harness.check_activation(scheduler, fix_enabled)
+        ended = _how_it_ended(procs, scheduler, dead_job_id)
+        seconds = time.monotonic() - began
+        starts.append(SchedulerStart(job_id, ended, "Traceback" in scheduler.read_log(), seconds))
+        if ended is None:
+            break
+    return starts
+
+
 def _adopt(runner: Any) -> int:
     """
     The scheduler loop's call, in a thread whose session holds nothing yet (as in a restarted
@@ -337,7 +586,9 @@ class TestSchedulerJob:
         runner = _runner(session, ScopedSessionExecutor())
         assert _adopt(runner) == 0
 
-    @pytest.mark.parametrize("executor", _executors_param())
+    # The real KubernetesExecutor's case needs the ``kubernetes`` extra: parity/expectations.toml declares
+    # it not applicable without it, so only ``nox -s tests_kubernetes`` runs it.
+    @pytest.mark.parametrize("executor", ["local_executor", "scoped_session_executor", "kubernetes_executor"])
     def test_adopt_or_reset_orphaned_tasks(
         self, session: Session, orphans: list[TaskInstance], dead_job: Job, executor: str
     ) -> None:
@@ -357,6 +608,60 @@ class TestSchedulerJob:
                 session.commit()
             assert _adopt(runner) == len(RESET) + len(ADOPTED) - len(adopted)
         self._assert_adopted_or_reset_once(session, runner.job.id, adopted)
+
+    def test_restarted_scheduler_adopts_or_resets_orphaned_tasks(
+        self, session: Session, orphans: list[TaskInstance], dead_job: Job, tmp_path: Path
+    ) -> None:
+        """
+        A real ``airflow scheduler`` with the real KubernetesExecutor, started over the orphans of a
+        scheduler that was killed (its job still RUNNING, an hour stale), stays up: it adopts the two
+        orphans with a worker pod (relabelled to its job through the API) and resets the other three,
+        one of them QUEUED. Only the Kubernetes API server is fake (:class:`FakeKubernetesApi`). A
+        scheduler that crashes is started again, once, as Kubernetes restarts a crashed container:
+        stock crashes both times, the orphans untouched (a crash loop).
+        """
+        from airflow_heartbeat_fix.activation import is_enabled
+        from airflow_heartbeat_fix.demo.processes import Processes
+
+        dead_job.state = JobState.RUNNING  # killed before it could mark itself failed
+        by_id = {ti.task_id: ti for ti in orphans}
+        by_id["reset_2"].state = TaskInstanceState.QUEUED  # queued, its pod never created
+        # Paused, so the scheduler schedules nothing it resets again: no worker pod is ever created.
+        session.execute(update(DagModel).where(DagModel.dag_id == "orphans").values(is_paused=True))
+        session.commit()
+        cluster = FakeCluster()
+        cluster.add_worker_pod(by_id["adopt_0"], dead_job.id)
+        cluster.add_worker_pod(by_id["adopt_1"], dead_job.id, phase="Pending")
+        procs = Processes(marker=f"hbfix-k8s-{uuid.uuid4()}")
+        with FakeKubernetesApi(cluster) as api:
+            kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+            config = {
+                **harness.RESTART_CONFIG,
+                "AIRFLOW__CORE__EXECUTOR": "KubernetesExecutor",
+                "AIRFLOW__KUBERNETES_EXECUTOR__IN_CLUSTER": "False",
+                "AIRFLOW__KUBERNETES_EXECUTOR__CONFIG_FILE": str(kubeconfig),
+                "AIRFLOW__KUBERNETES_EXECUTOR__NAMESPACE": "default",
+            }
+            try:
+                starts = _start_over_orphans(procs, tmp_path, dead_job.id, config, fix_enabled=is_enabled())
+            finally:
+                procs.stop_all()
+        owners = {pod.metadata.name: pod.metadata.labels["airflow-worker"] for pod in cluster.pods}
+        summary = "; ".join(
+            [
+                *(f"start {number}: {start.describe()}" for number, start in enumerate(starts, 1)),
+                f"orphans left {_orphans_left(dead_job.id)}",
+                f"pods owned by {owners}",
+                f"API calls {dict(api.calls)}",
+            ]
+        )
+        print(summary)
+        assert [start.ended for start in starts] == [None], summary
+        assert not starts[0].traceback, summary
+        assert api.unanswered == [] and api.created == [], summary
+        assert owners == dict.fromkeys(("pod-adopt_0", "pod-adopt_1"), str(starts[0].job_id)), summary
+        with create_session(scoped=False) as reader:
+            self._assert_adopted_or_reset_once(reader, starts[0].job_id, ADOPTED)
 
     @pytest.mark.parametrize("error", ["cluster_api_error", "database_error"])
     def test_adopt_or_reset_orphaned_tasks_executor_raises(

@@ -26,9 +26,10 @@ import psutil
 import pytest
 
 from airflow_heartbeat_fix import activation, detection
-from airflow_heartbeat_fix.demo.report import CALLBACK_DAG_ID, CRASH, DAG_IDS, DUPLICATES, expected_stock_bug
-from airflow_heartbeat_fix.demo.run import installed_airflow_version
+from airflow_heartbeat_fix.demo.config import installed_airflow_version
+from airflow_heartbeat_fix.demo.result import CALLBACK_DAG_ID, DAG_IDS
 from airflow_heartbeat_fix.demo.topology import KILL_SCHEDULER, KILL_WORKER
+from airflow_heartbeat_fix.demo.verdicts import CRASH, DUPLICATES, expected_stock_bug
 
 pytestmark = pytest.mark.e2e
 

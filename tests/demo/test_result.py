@@ -1,0 +1,3 @@
+"""A run's result as JSON, both ways."""
+
+from __future__ import annotations

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from airflow_heartbeat_fix.demo import (
-    result,
-    topology,
-)
+from airflow_heartbeat_fix.demo import result, topology
 from airflow_heartbeat_fix.demo.result import DagOutcome, RunResult, SchedulerOutcome, TryRow
 from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX, FixState
 

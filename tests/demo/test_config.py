@@ -6,16 +6,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from airflow_heartbeat_fix.demo import (
-    config,
-    result,
-    topology,
-)
-from tests.demo._results import (
-    CB,
-    RETRY,
-    ROOT,
-)
+from airflow_heartbeat_fix.demo import config, result, topology
+from tests.demo._results import CB, RETRY, ROOT
 
 if TYPE_CHECKING:
     from pathlib import Path

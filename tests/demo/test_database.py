@@ -3,22 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from typing import TYPE_CHECKING
 
-from airflow_heartbeat_fix.demo import (
-    cli,
-    database,
-    result,
-    topology,
-)
+from airflow_heartbeat_fix.demo import cli, database, result
 from airflow_heartbeat_fix.demo.result import TryRow
-from tests.demo._results import (
-    CB,
-    CELERY,
-    PG,
-    RETRY,
-)
+from tests.demo._results import CB, RETRY
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -77,8 +66,9 @@ def test_mapped_rows_get_one_task_id_per_map_index() -> None:
     assert database.mapped_task_id({"task_id": "stall", "map_index": 7})["task_id"] == "stall[7]"
     assert database.mapped_task_id({"task_id": "stall", "map_index": -1})["task_id"] == "stall"
     assert database.mapped_task_id({"task_id": "stall", "region_index": 3})["task_id"] == "stall[3]"  # 3.4
-    many = dataclasses.replace(CELERY, scenario=topology.MANY)
-    assert result.scenario_dag_ids(many.scenario) == (*result.DAG_IDS, result.MANY_DAG_ID)
-    env = topology.executor_env(many, database_url=PG, queue="q")
-    assert int(env["AIRFLOW__CELERY__WORKER_CONCURRENCY"]) * many.workers >= result.MANY_TASKS + 4
-    assert topology.kill_target(topology.MANY, [], {}) is None
+    rows = [
+        {"dag_id": result.MANY_DAG_ID, "task_id": "stall", "map_index": i, "try_number": 1, "state": "failed"}
+        for i in (0, 1)
+    ]
+    tries = database.tries_from_rows([database.mapped_task_id(r) for r in rows], [], result.MANY_DAG_ID)
+    assert tries == [TryRow("stall[0]", 1, "failed", "current"), TryRow("stall[1]", 1, "failed", "current")]

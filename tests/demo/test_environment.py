@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from airflow_heartbeat_fix.demo import (
-    environment,
-    records,
-)
+from airflow_heartbeat_fix.demo import environment, records
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import json
 
-from airflow_heartbeat_fix.demo import (
-    html_report,
-    result,
-)
-from tests.demo._results import (
-    CB,
-    DUPLICATES_NEEDS,
-    RECORDED,
-    recorded_results,
-)
+from airflow_heartbeat_fix.demo import html_report, result
+from tests.demo._results import CB, DUPLICATES_NEEDS, RECORDED, recorded_results
 
 
 def test_html_report_is_self_contained_with_a_timeline_per_run() -> None:

@@ -6,15 +6,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from airflow_heartbeat_fix.demo import (
-    logs,
-    result,
-)
-from tests.demo._results import (
-    CB,
-    RETRY,
-    SCHEDULER_LOGS,
-)
+from airflow_heartbeat_fix.demo import logs, result
+from tests.demo._results import CB, RETRY, SCHEDULER_LOGS
 
 SQLITE_CRASH_LOG = """\
 2026-11-30T06:07:18.253998Z [error    ] Detected a task instance without a heartbeat: <TaskInstance: x>

@@ -12,9 +12,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from airflow_heartbeat_fix.demo import (
-    processes,
-)
+from airflow_heartbeat_fix.demo import processes
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from airflow_heartbeat_fix.demo import (
-    progress,
-)
+from airflow_heartbeat_fix.demo import progress
 from airflow_heartbeat_fix.demo.result import DagOutcome, TryRow
-from tests.demo._results import (
-    CB,
-    RETRY,
-)
+from tests.demo._results import CB, RETRY
 
 
 def test_progress_line_and_phase() -> None:

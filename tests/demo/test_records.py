@@ -6,13 +6,8 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
-from airflow_heartbeat_fix.demo import (
-    logs,
-    records,
-)
-from tests.demo._results import (
-    CB,
-)
+from airflow_heartbeat_fix.demo import logs, records
+from tests.demo._results import CB
 
 if TYPE_CHECKING:
     from pathlib import Path

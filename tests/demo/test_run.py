@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_heartbeat_fix.demo import (
-    run,
-)
+from airflow_heartbeat_fix.demo import run
 
 
 @pytest.mark.parametrize(

@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from airflow_heartbeat_fix.demo import (
-    text_report,
-    topology,
-)
+from airflow_heartbeat_fix.demo import text_report, topology
 from airflow_heartbeat_fix.demo.result import RunResult, SchedulerOutcome, TryRow
-from tests.demo._results import (
-    CB,
-    converged_result,
-)
+from tests.demo._results import CB, converged_result
 
 
 def test_render_table_side_by_side() -> None:

@@ -8,17 +8,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from airflow_heartbeat_fix.demo import (
-    topology,
-)
-from tests.demo._results import (
-    CB,
-    CELERY,
-    PG,
-    RETRY,
-    ROOT,
-    SCHEDULER_LOGS,
-)
+from airflow_heartbeat_fix.demo import result, topology
+from tests.demo._results import CB, CELERY, PG, RETRY, ROOT, SCHEDULER_LOGS
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -109,3 +100,12 @@ def test_nox_celery_scenarios_are_the_demos() -> None:
         if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["CELERY_SCENARIOS"]
     ]
     assert listed == list(topology.SCENARIOS)
+
+
+def test_many_scenario_deploys_the_mapped_dag_with_a_worker_slot_per_hung_try() -> None:
+    many = dataclasses.replace(CELERY, scenario=topology.MANY)
+    assert result.scenario_dag_ids(many.scenario) == (*result.DAG_IDS, result.MANY_DAG_ID)
+    env = topology.executor_env(many, database_url=PG, queue="q")
+    assert int(env["AIRFLOW__CELERY__WORKER_CONCURRENCY"]) * many.workers >= result.MANY_TASKS + 4
+    assert int(env["AIRFLOW__CORE__PARALLELISM"]) >= result.MANY_TASKS + 4
+    assert topology.kill_target(topology.MANY, [], {}) is None  # nothing is killed in this scenario

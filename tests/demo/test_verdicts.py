@@ -4,22 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_heartbeat_fix.demo import (
-    logs,
-    result,
-    verdicts,
-)
+from airflow_heartbeat_fix.demo import logs, result, verdicts
 from airflow_heartbeat_fix.demo.result import DagOutcome, SchedulerOutcome, TryRow
 from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX
-from tests.demo._results import (
-    ACTIVE,
-    CB,
-    DUPLICATES_NEEDS,
-    NOT_NEEDED,
-    RETRY,
-    UNSUPPORTED,
-    converged_result,
-)
+from tests.demo._results import ACTIVE, CB, DUPLICATES_NEEDS, NOT_NEEDED, RETRY, UNSUPPORTED, converged_result
 
 
 @pytest.mark.parametrize(

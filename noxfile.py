@@ -76,7 +76,7 @@ SDIST_TESTS = (
     "test_expectations.py",
     "test_packaging.py",
     "test_dags.py",
-    "test_demo.py",
+    "demo",
 )
 #: One PostgreSQL database name per checkout, so two clones can test at once on one server.
 CHECKOUT_TAG = hashlib.sha256(str(ROOT).encode()).hexdigest()[:6]

@@ -32,7 +32,7 @@ class SessionPreservingCallbackSink(DatabaseCallbackSink):
     * without one, while the thread's scoped session is in a transaction: that is the scheduler loop's
       session (every scheduler path that sends callbacks has read through it in the same transaction and
       commits afterwards, ``_do_scheduling`` through
-      :class:`~airflow_heartbeat_fix.scheduler.CommitDagCallbacksMixin`), so the request joins it.
+      :class:`~airflow_heartbeat_fix.scheduler.SessionPreservingSinkMixin`), so the request joins it.
     * without one otherwise: the stock contract for callers outside that transaction, e.g. one working
       in a non-scoped session: the request is written and committed in a session of its own.
     """

@@ -218,7 +218,7 @@ def _scheduler(args: list[str]) -> int:
 
 
 def _demo(args: list[str]) -> int:
-    from airflow_heartbeat_fix.demo import main as demo_main
+    from airflow_heartbeat_fix.demo.cli import main as demo_main
 
     return demo_main(args)
 

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 HEARTBEAT_TIMEOUT_STATES = (TaskInstanceState.RUNNING, TaskInstanceState.RESTARTING)
 
 
-class CommitDagCallbacksMixin(SchedulerJobRunner):
+class SessionPreservingSinkMixin(SchedulerJobRunner):
     """
     Session-preserving sink, scheduler side: commit where the stock sink used to, and nowhere else.
 
@@ -97,11 +97,10 @@ class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
     _dags_this_pass: dict[tuple[Any, ...], Any] | None = None
 
     def _find_and_purge_task_instances_without_heartbeats(self) -> None:
-        self._dags_this_pass = {}
-        try:
+        # The memo lives for this pass: on leaving, patch.object removes the instance attribute (an
+        # error too), so the class's None says "outside a pass" again.
+        with mock.patch.object(self, "_dags_this_pass", {}):
             super()._find_and_purge_task_instances_without_heartbeats()
-        finally:
-            self._dags_this_pass = None
 
     def _find_task_instances_without_heartbeats(self, *, session: Session) -> list[TI]:
         found = super()._find_task_instances_without_heartbeats(session=session)
@@ -295,12 +294,11 @@ class LockedPurgeRevalidationMixin(SchedulerJobRunner):
         for ti in task_instances_without_heartbeats:
             if not self._lock_if_still_without_heartbeat(ti, session=session):
                 continue
-            self._ti_revalidated_under_lock = ti.id
-            try:
-                with _refresh_served_by_row_lock(ti) if locks_rows else contextlib.nullcontext():
-                    super()._purge_task_instances_without_heartbeats([ti], session=session)
-            finally:
-                self._ti_revalidated_under_lock = None
+            with (
+                mock.patch.object(self, "_ti_revalidated_under_lock", ti.id),
+                _refresh_served_by_row_lock(ti) if locks_rows else contextlib.nullcontext(),
+            ):
+                super()._purge_task_instances_without_heartbeats([ti], session=session)
 
     def _still_running_before_purge(self, ti: TI, *, session: Session) -> bool:
         """The backport's own re-read: already done under the row lock for this task instance."""
@@ -334,20 +332,16 @@ def _locks_rows(session: Session) -> bool:
     return with_row_locks(query, of=TI, session=session) is not query
 
 
-@contextlib.contextmanager
-def _refresh_served_by_row_lock(ti: TI) -> Iterator[None]:
+def _refresh_served_by_row_lock(ti: TI) -> contextlib.AbstractContextManager[Any]:
     """
     While ``ti``'s row is locked by this transaction and was just read under that lock, make its
     ``refresh_from_db`` a no-op: no other transaction can change the row before this one commits, so a
     re-read returns what was read. The purge re-reads twice per task instance (upstream's or the
     backport's re-check, then ``handle_failure``'s own refresh); each is a statement per task instance.
-    Only the instance's own attribute is set, and removed afterwards, so the class's method comes back.
+    Only the instance's own attribute is set; ``patch.object`` removes it afterwards (or puts back one
+    the instance already had), so the class's method comes back.
     """
-    ti.__dict__["refresh_from_db"] = _already_fresh
-    try:
-        yield
-    finally:
-        ti.__dict__.pop("refresh_from_db", None)
+    return mock.patch.object(ti, "refresh_from_db", _already_fresh)
 
 
 def _already_fresh(*args: Any, **kwargs: Any) -> None:
@@ -413,7 +407,7 @@ def _type_by_retry_eligibility(request: TaskCallbackRequest, *, session: Session
 
 
 MIXINS: dict[str, type[SchedulerJobRunner]] = {
-    SINK_FIX: CommitDagCallbacksMixin,
+    SINK_FIX: SessionPreservingSinkMixin,
     PURGE_FIX: ConvergedHeartbeatPurgeMixin,
     LOCK_FIX: LockedPurgeRevalidationMixin,
     EVENT_TYPE_FIX: TypedExecutorEventCallbacksMixin,

@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from airflow_heartbeat_fix.demo import report as demo_report
+from airflow_heartbeat_fix.demo import logs as demo_logs
+from airflow_heartbeat_fix.demo import result as demo_result
 
 if TYPE_CHECKING:
     from airflow.dag_processing.dagbag import DagBag
 
 DAGS_DIR = Path(__file__).resolve().parent.parent / "dags"
-RETRY_DAG = demo_report.RETRY_DAG_ID
-CALLBACK_DAG = demo_report.CALLBACK_DAG_ID
+RETRY_DAG = demo_result.RETRY_DAG_ID
+CALLBACK_DAG = demo_result.CALLBACK_DAG_ID
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +34,14 @@ def dagbag() -> DagBag:
 def test_dags_import_without_errors(dagbag: DagBag) -> None:
     """Also: the package marker ``__init__.py`` (for package data) adds no Dag and no import error."""
     assert dagbag.import_errors == {}
-    assert set(dagbag.dag_ids) == {RETRY_DAG, CALLBACK_DAG, demo_report.MANY_DAG_ID}
+    assert set(dagbag.dag_ids) == {RETRY_DAG, CALLBACK_DAG, demo_result.MANY_DAG_ID}
 
 
 def test_many_hung_tasks_maps_as_many_task_instances_as_the_demo_expects(dagbag: DagBag) -> None:
     """``--scenario many`` counts one callback per map index up to ``MANY_TASKS``."""
-    source = (DAGS_DIR / f"{demo_report.MANY_DAG_ID}.py").read_text(encoding="utf-8")
-    assert f"HUNG_TASKS = {demo_report.MANY_TASKS}\n" in source
-    task = dagbag.get_dag(demo_report.MANY_DAG_ID).get_task("stall")
+    source = (DAGS_DIR / f"{demo_result.MANY_DAG_ID}.py").read_text(encoding="utf-8")
+    assert f"HUNG_TASKS = {demo_result.MANY_TASKS}\n" in source
+    task = dagbag.get_dag(demo_result.MANY_DAG_ID).get_task("stall")
     assert task.retries == 0
     assert task.on_failure_callback  # one callable, or a list of one, depending on the release
 
@@ -103,7 +104,7 @@ def test_callbacks_append_one_json_line_each(
         (2, "on_failure_callback"),
     ]
     assert all(line["run_id"] == "manual__1" and line["time"] > 0 for line in lines)
-    assert demo_report.count_callbacks(lines, CALLBACK_DAG) == {
+    assert demo_logs.count_callbacks(lines, CALLBACK_DAG) == {
         1: {"on_retry_callback": 1},
         2: {"on_failure_callback": 1},
     }
@@ -114,11 +115,11 @@ def test_mapped_callbacks_record_their_map_index(
 ) -> None:
     """``--scenario many`` counts callbacks per map index, from the same recorder as the other Dags."""
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
-    callback = dagbag.get_dag(demo_report.MANY_DAG_ID).get_task("stall").on_failure_callback
+    callback = dagbag.get_dag(demo_result.MANY_DAG_ID).get_task("stall").on_failure_callback
     record = callback[0] if isinstance(callback, list) else callback
     for map_index in (0, 1, 1):
-        ti = SimpleNamespace(dag_id=demo_report.MANY_DAG_ID, task_id="stall", run_id="r", try_number=1)
+        ti = SimpleNamespace(dag_id=demo_result.MANY_DAG_ID, task_id="stall", run_id="r", try_number=1)
         record({"ti": SimpleNamespace(**vars(ti), map_index=map_index)})
 
     lines = [json.loads(line) for line in (tmp_path / "callback_log.jsonl").read_text().splitlines()]
-    assert demo_report.count_per_map_index(lines, demo_report.MANY_DAG_ID) == {0: 1, 1: 2}
+    assert demo_logs.count_per_map_index(lines, demo_result.MANY_DAG_ID) == {0: 1, 1: 2}

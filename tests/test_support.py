@@ -18,7 +18,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 from airflow_heartbeat_fix import activation, cli, support
-from airflow_heartbeat_fix.demo import main as demo_main
+from airflow_heartbeat_fix.demo.cli import main as demo_main
 from airflow_heartbeat_fix.detection import FIXES, FixState
 from tests.test_activation import STATUS, _run
 
@@ -155,7 +155,7 @@ def test_outside_the_range_with_the_switch_off_the_wrapper_starts_airflow(
 def test_outside_the_range_the_demo_refuses_before_starting(
     airflow_2: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr("airflow_heartbeat_fix.demo.run.installed_airflow_version", lambda: "2.11.0")
+    monkeypatch.setattr("airflow_heartbeat_fix.demo.cli.installed_airflow_version", lambda: "2.11.0")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert demo_main([]) == 2
     assert capsys.readouterr().err.splitlines() == [f"demo: {airflow_2}; the demo would show nothing"]
@@ -189,11 +189,11 @@ def test_a_broken_airflow_cfg_is_one_line_and_json_stays_json(text: str, tmp_pat
 
 def test_demo_homes_default_to_the_per_user_cache() -> None:
     """Not the working directory: a 45-50 MB home there outlives ``pip uninstall`` unnoticed."""
-    from airflow_heartbeat_fix.demo import run
+    from airflow_heartbeat_fix.demo import config
 
-    assert run.cache_dir({"XDG_CACHE_HOME": "/c", "HOME": "/h"}) == Path("/c/airflow-heartbeat-fix")
-    assert run.cache_dir({"HOME": "/h"}) == Path("/h/.cache/airflow-heartbeat-fix")
-    assert run.default_home(Path("/c/x"), "3.3.2", None) == Path("/c/x/demo/3.3.2-sqlite")
+    assert config.cache_dir({"XDG_CACHE_HOME": "/c", "HOME": "/h"}) == Path("/c/airflow-heartbeat-fix")
+    assert config.cache_dir({"HOME": "/h"}) == Path("/h/.cache/airflow-heartbeat-fix")
+    assert config.default_home(Path("/c/x"), "3.3.2", None) == Path("/c/x/demo/3.3.2-sqlite")
 
 
 def test_wheel_messages_name_only_what_the_wheel_has() -> None:
@@ -207,7 +207,7 @@ def test_wheel_messages_name_only_what_the_wheel_has() -> None:
 
 def test_the_demo_reads_each_fix_state_off_every_start_line() -> None:
     """The demo shows what the scheduler logged per fix, switched off too (the off line keeps the states)."""
-    from airflow_heartbeat_fix.demo import report
+    from airflow_heartbeat_fix.demo import logs
     from airflow_heartbeat_fix.detection import FixDecision
 
     states = itertools.cycle([FixState.DISABLED, FixState.NOT_NEEDED, FixState.UNSUPPORTED])
@@ -215,6 +215,6 @@ def test_the_demo_reads_each_fix_state_off_every_start_line() -> None:
     decided = {fix: FixDecision(fix, state, reason) for fix, state in zip(FIXES, states, strict=False)}
     line = activation.summary(decided, "3.4.0b2", switched_off=True)
     assert line.startswith("airflow-heartbeat-fix on Airflow 3.4.0b2: off by configuration")
-    assert report.find_fix_summary(f"2026-12-02T00:00:00Z [info     ] {line} [airflow_heartbeat_fix]\n") == {
+    assert logs.find_fix_summary(f"2026-12-02T00:00:00Z [info     ] {line} [airflow_heartbeat_fix]\n") == {
         fix: d.state.value for fix, d in decided.items()
     }

@@ -13,7 +13,7 @@ import html
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from airflow_heartbeat_fix.demo.report import (
+from airflow_heartbeat_fix.demo.result import (
     CALLBACK_DAG_ID,
     DAG_IDS,
     EMAIL,
@@ -23,10 +23,8 @@ from airflow_heartbeat_fix.demo.report import (
     RunResult,
     StateChange,
     all_try_numbers,
-    callbacks_cell,
-    emails_cell,
-    verdict_cell,
 )
+from airflow_heartbeat_fix.demo.verdicts import callbacks_cell, emails_cell, verdict_cell
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -105,6 +103,32 @@ def _timeline_svg(result: RunResult, try_numbers: dict[str, list[int]], span: fl
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
         f'viewBox="0 0 {WIDTH} {height}" role="img" aria-label="{_esc(result.label)} timeline">'
     ]
+    parts += _axis_svg(span, height, x)
+    if result.crashed_after is not None:  # nothing moves after the crash: shade it
+        parts.append(
+            f'<rect x="{x(result.crashed_after):.1f}" y="{TOP - 6}" '
+            f'width="{x(span) - x(result.crashed_after):.1f}" height="{height - BOTTOM - TOP + 6}" '
+            'fill="#cc0000" fill-opacity="0.06"/>'
+        )
+    for index, (dag_id, try_number) in enumerate(lanes):
+        first_of_dag = index == 0 or lanes[index - 1][0] != dag_id
+        parts += _lane_svg(result, dag_id, try_number, TOP + index * LANE_HEIGHT + 16, first_of_dag, span, x)
+    if result.crashed_after is not None:
+        cx = x(result.crashed_after)
+        parts.append(
+            f'<line x1="{cx:.1f}" y1="{TOP - 14}" x2="{cx:.1f}" y2="{height - BOTTOM}" stroke="#cc0000" '
+            f'stroke-width="2" stroke-dasharray="5 3"><title>{_esc(result.scheduler.error or "")}</title>'
+            "</line>"
+            f'<text class="crash" x="{cx + 4:.1f}" y="{TOP - 18}">'
+            f"scheduler crashed at {result.crashed_after:.0f} s</text>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _axis_svg(span: float, height: int, x: Callable[[float], float]) -> list[str]:
+    """A grid line and a label every :func:`_tick_step` seconds, and the axis title."""
+    parts = []
     step = _tick_step(span)
     tick = 0.0
     while tick <= span + 1e-9:
@@ -117,43 +141,35 @@ def _timeline_svg(result: RunResult, try_numbers: dict[str, list[int]], span: fl
     parts.append(
         f'<text class="axis" x="{WIDTH - 20}" y="{height - 2}" text-anchor="end">seconds after trigger</text>'
     )
-    if result.crashed_after is not None:  # nothing moves after the crash: shade it
+    return parts
+
+
+def _lane_svg(
+    result: RunResult,
+    dag_id: str,
+    try_number: int,
+    bar_y: int,
+    first_of_dag: bool,
+    span: float,
+    x: Callable[[float], float],
+) -> list[str]:
+    """One try's lane: its labels, a span per state it was in, and its callback and email marks."""
+    plot = WIDTH - LABEL_WIDTH - 20
+    parts = [f'<text x="0" y="{bar_y + 6}">{_esc(dag_id)}</text>'] if first_of_dag else []
+    parts.append(f'<text x="{LABEL_WIDTH - 10}" y="{bar_y + 6}" text-anchor="end">try {try_number}</text>')
+    parts.append(f'<rect x="{LABEL_WIDTH}" y="{bar_y - 6}" width="{plot}" height="12" fill="#f7f7f7"/>')
+    segments = _segments(result.timeline, dag_id, try_number, span)
+    if not segments:
+        parts.append(f'<text class="note" x="{LABEL_WIDTH + 6}" y="{bar_y + 4}">not created</text>')
+    for start, stop, state in segments:
+        colour = STATE_COLOURS.get(state, OTHER_STATE_COLOUR)
         parts.append(
-            f'<rect x="{x(result.crashed_after):.1f}" y="{TOP - 6}" '
-            f'width="{x(span) - x(result.crashed_after):.1f}" height="{height - BOTTOM - TOP + 6}" '
-            'fill="#cc0000" fill-opacity="0.06"/>'
+            f'<rect x="{x(start):.1f}" y="{bar_y - 6}" width="{max(1.0, x(stop) - x(start)):.1f}" '
+            f'height="12" fill="{colour}"><title>try {try_number}: {_esc(state)} from '
+            f"{start:.0f} s to {stop:.0f} s</title></rect>"
         )
-    for index, (dag_id, try_number) in enumerate(lanes):
-        top = TOP + index * LANE_HEIGHT
-        bar_y = top + 16
-        if index == 0 or lanes[index - 1][0] != dag_id:
-            parts.append(f'<text x="0" y="{bar_y + 6}">{_esc(dag_id)}</text>')
-        parts.append(
-            f'<text x="{LABEL_WIDTH - 10}" y="{bar_y + 6}" text-anchor="end">try {try_number}</text>'
-        )
-        parts.append(f'<rect x="{LABEL_WIDTH}" y="{bar_y - 6}" width="{plot}" height="12" fill="#f7f7f7"/>')
-        segments = _segments(result.timeline, dag_id, try_number, span)
-        if not segments:
-            parts.append(f'<text class="note" x="{LABEL_WIDTH + 6}" y="{bar_y + 4}">not created</text>')
-        for start, stop, state in segments:
-            colour = STATE_COLOURS.get(state, OTHER_STATE_COLOUR)
-            parts.append(
-                f'<rect x="{x(start):.1f}" y="{bar_y - 6}" width="{max(1.0, x(stop) - x(start)):.1f}" '
-                f'height="12" fill="{colour}"><title>try {try_number}: {_esc(state)} from '
-                f"{start:.0f} s to {stop:.0f} s</title></rect>"
-            )
-        parts.extend(_marks_svg(result.marks, dag_id, try_number, bar_y, x))
-    if result.crashed_after is not None:
-        cx = x(result.crashed_after)
-        parts.append(
-            f'<line x1="{cx:.1f}" y1="{TOP - 14}" x2="{cx:.1f}" y2="{height - BOTTOM}" stroke="#cc0000" '
-            f'stroke-width="2" stroke-dasharray="5 3"><title>{_esc(result.scheduler.error or "")}</title>'
-            "</line>"
-            f'<text class="crash" x="{cx + 4:.1f}" y="{TOP - 18}">'
-            f"scheduler crashed at {result.crashed_after:.0f} s</text>"
-        )
-    parts.append("</svg>")
-    return "".join(parts)
+    parts.extend(_marks_svg(result.marks, dag_id, try_number, bar_y, x))
+    return parts
 
 
 def _marks_svg(

@@ -1,6 +1,6 @@
 """
 Where one demo run runs: the database kind, the executor, how many schedulers and Celery workers, and
-the scenario (hung tries, plus a SIGKILL or fifty more hung tries). Pure decisions only; :mod:`run`
+the scenario (hung tries, plus a SIGKILL or fifty more hung tries). Pure decisions only; :mod:`.run`
 starts what they name.
 """
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_heartbeat_fix.demo import report
+from airflow_heartbeat_fix.demo.logs import scheduler_owning, worker_owning
+from airflow_heartbeat_fix.demo.result import CALLBACK_DAG_ID, DAG_IDS, MANY_SCENARIO, MANY_TASKS, state_name
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -20,12 +21,12 @@ LOCAL, CELERY = "local", "celery"
 EXECUTORS = {LOCAL: "LocalExecutor", CELERY: "CeleryExecutor"}
 #: ``--scenario``: what happens besides the frozen supervisors. The kills come once both Dags' first
 #: tries run (frozen), and hit the component that owns the callback Dag's first try.
-HUNG, KILL_SCHEDULER, KILL_WORKER, MANY = "hung", "kill-scheduler", "kill-worker", report.MANY_SCENARIO
+HUNG, KILL_SCHEDULER, KILL_WORKER, MANY = "hung", "kill-scheduler", "kill-worker", MANY_SCENARIO
 SCENARIOS = {
     HUNG: "the tasks freeze their own supervisor (default)",
     KILL_SCHEDULER: "hung, then the scheduler that queued them is SIGKILLed; the other must adopt them",
     KILL_WORKER: "hung, then the Celery worker running them is SIGKILLed (the OOM-kill case)",
-    MANY: f"hung, plus {report.MANY_TASKS} mapped task instances that freeze at once",
+    MANY: f"hung, plus {MANY_TASKS} mapped task instances that freeze at once",
 }
 KILLS = (KILL_SCHEDULER, KILL_WORKER)
 
@@ -47,7 +48,7 @@ class Topology:
         """``worker_concurrency``; for ``--scenario many`` room for every mapped try and the four others."""
         if self.scenario != MANY:
             return self.worker_concurrency
-        return -(-(report.MANY_TASKS + 4) // self.workers) + 1
+        return -(-(MANY_TASKS + 4) // self.workers) + 1
 
     @property
     def label(self) -> str:
@@ -93,8 +94,9 @@ def topology_refusal(topology: Topology, database: str | None) -> str | None:
 
 def executor_env(topology: Topology, *, database_url: str, queue: str) -> dict[str, str]:
     """
-    What :func:`airflow_env` adds for ``topology``. Celery: the run's own queue, so a worker never takes
-    a task another run (or an earlier demo) left in the broker; results in the run's metadata database.
+    What :func:`~.environment.airflow_process_env` adds for ``topology``. Celery: the run's own queue,
+    so a worker never takes a task another run (or an earlier demo) left in the broker; results in the
+    run's metadata database.
     """
     env = {"AIRFLOW__CORE__EXECUTOR": EXECUTORS[topology.executor]}
     if topology.executor == CELERY:
@@ -109,7 +111,7 @@ def executor_env(topology: Topology, *, database_url: str, queue: str) -> dict[s
         )
     if topology.scenario == MANY:
         # Every hung try holds a running slot: room for all of them at once, on each scheduler.
-        env["AIRFLOW__CORE__PARALLELISM"] = str(2 * report.MANY_TASKS)
+        env["AIRFLOW__CORE__PARALLELISM"] = str(2 * MANY_TASKS)
     if topology.scenario == KILL_SCHEDULER:
         # The survivor looks for a dead scheduler's tasks every 10 s instead of every 5 minutes.
         env["AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL"] = "10"
@@ -153,9 +155,9 @@ def kill_target(scenario: str, tis: list[dict[str, Any]], logs: dict[str, str]) 
     if scenario not in KILLS:
         return None
     first = {str(r["dag_id"]): r for r in tis if r.get("try_number") == 1}
-    if any(report.state_name(first.get(d, {}).get("state")) != "running" for d in report.DAG_IDS):
+    if any(state_name(first.get(d, {}).get("state")) != "running" for d in DAG_IDS):
         return None
-    celery_task_id = str(first[report.CALLBACK_DAG_ID].get("external_executor_id") or "")
+    celery_task_id = str(first[CALLBACK_DAG_ID].get("external_executor_id") or "")
     if scenario == KILL_SCHEDULER:
-        return report.scheduler_owning(logs, celery_task_id)
-    return report.worker_owning(logs, celery_task_id)
+        return scheduler_owning(logs, celery_task_id)
+    return worker_owning(logs, celery_task_id)

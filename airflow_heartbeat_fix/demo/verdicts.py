@@ -1,0 +1,184 @@
+"""
+What a run's result means: which bug stock should show on this Airflow, whether it did, what the fixed
+run got wrong, and the same judgements as the words both reports print. Pure: results in, verdicts out.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from airflow_heartbeat_fix.demo.result import (
+    CALLBACK_DAG_ID,
+    DAG_IDS,
+    MANY_DAG_ID,
+    MANY_SCENARIO,
+    RETRY_CALLBACK,
+    TERMINAL_RUN_STATES,
+    DagOutcome,
+    RunResult,
+    find_try,
+    total_callbacks,
+)
+from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX, FixState
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+CRASH = "crash"
+DUPLICATES = "duplicates"
+#: What a correct scheduler does for each finished try: one callback, one email.
+EXPECTED_PER_TRY = "expected 1 per try"
+
+
+def expected_stock_bug(needed_fixes: Mapping[str, str]) -> str | None:
+    """
+    Which bug stock Airflow shows in this demo, from what the package's detection says it needs.
+
+    ``needed_fixes`` maps each fix to its state with the fixes enabled. Where the heartbeat purge does
+    not converge, the same try is called back again (duplicates); where it does converge but the callback
+    sink still commits the scheduler's session, the retry of the detached task instance crashes the loop.
+    """
+    if needed_fixes.get(PURGE_FIX) == FixState.ACTIVE.value:
+        return DUPLICATES
+    if needed_fixes.get(SINK_FIX) == FixState.ACTIVE.value:
+        return CRASH
+    return None
+
+
+def all_runs_terminal(dags: Mapping[str, DagOutcome]) -> bool:
+    return bool(dags) and all(d.run_state in TERMINAL_RUN_STATES for d in dags.values())
+
+
+def duplicate_tries(outcome: DagOutcome) -> list[int]:
+    """Tries that got more than one callback, or more than one email."""
+    dup = {t for t in outcome.callbacks if total_callbacks(outcome, t) > 1}
+    dup |= {t for t, n in outcome.emails.items() if n > 1}
+    return sorted(dup)
+
+
+def many_problems(outcome: DagOutcome | None, expected: int) -> list[str]:
+    """What a correct scheduler pair must do with the fifty hung task instances of ``--scenario many``."""
+    if outcome is None:
+        return [f"{MANY_DAG_ID}: no Dag run"]
+    problems = []
+    failed = sum(1 for t in outcome.tries if t.state == "failed")
+    if failed != expected:
+        problems.append(f"{MANY_DAG_ID}: {failed} of {expected} task instances failed")
+    wrong = [i for i in range(expected) if outcome.per_map_index.get(i, 0) != 1]
+    if wrong:
+        problems.append(f"{MANY_DAG_ID}: {len(wrong)} task instances without exactly one callback")
+    return problems
+
+
+def _hung_dag_problems(result: RunResult) -> list[str]:
+    """Each reproduction Dag must have failed its first try and created the second."""
+    problems: list[str] = []
+    for dag_id in DAG_IDS:
+        outcome = result.dags.get(dag_id)
+        if outcome is None:
+            problems.append(f"{dag_id}: no Dag run")
+            continue
+        first = find_try(outcome, 1)
+        if first is None or first.state != "failed":
+            problems.append(f"{dag_id}: try 1 is {first.state if first else 'missing'}, expected failed")
+        if find_try(outcome, 2) is None:
+            problems.append(f"{dag_id}: try 2 was not created")
+    return problems
+
+
+def _callback_problems(outcome: DagOutcome, emails_via_backend: bool) -> list[str]:
+    """The callback Dag's tries must each get exactly one callback (and one email, where counted)."""
+    problems = [
+        f"{CALLBACK_DAG_ID}: duplicate callbacks/emails for try {try_number}"
+        for try_number in duplicate_tries(outcome)
+    ]
+    if outcome.callbacks.get(1, {}).get(RETRY_CALLBACK, 0) != 1:
+        problems.append(f"{CALLBACK_DAG_ID}: try 1 did not get exactly one {RETRY_CALLBACK}")
+    second = find_try(outcome, 2)
+    if second is not None and second.state == "failed" and total_callbacks(outcome, 2) != 1:
+        problems.append(f"{CALLBACK_DAG_ID}: failed try 2 did not get exactly one callback")
+    if emails_via_backend and outcome.emails.get(1, 0) != 1:
+        problems.append(f"{CALLBACK_DAG_ID}: try 1 did not get exactly one email")
+    return problems
+
+
+def fixed_problems(result: RunResult) -> list[str]:
+    """What the fixed run got wrong; empty when it converged as expected."""
+    problems: list[str] = []
+    if result.scheduler.crashed or not result.scheduler.alive:
+        problems.append(f"scheduler did not survive: {result.scheduler.error or 'exited'}")
+    problems += _hung_dag_problems(result)
+    outcome = result.dags.get(CALLBACK_DAG_ID)
+    if outcome is not None:
+        problems += _callback_problems(outcome, result.emails_via_backend)
+    if result.scenario == MANY_SCENARIO:
+        problems += many_problems(result.dags.get(MANY_DAG_ID), result.many_expected)
+    if not result.converged:
+        problems.append(f"did not converge: {result.stop_reason}")
+    if result.leftover_pids:
+        problems.append(f"processes left running: {result.leftover_pids}")
+    return problems
+
+
+def callbacks_complete(dags: Mapping[str, DagOutcome], emails_via_backend: bool) -> bool:
+    """Whether every finished try of the callback Dag has its callback (and email, where counted)."""
+    outcome = dags.get(CALLBACK_DAG_ID)
+    if outcome is None:
+        return True
+    for row in outcome.tries:
+        if row.state != "failed":
+            continue
+        if total_callbacks(outcome, row.try_number) < 1:
+            return False
+        if emails_via_backend and outcome.emails.get(row.try_number, 0) < 1:
+            return False
+    return True
+
+
+def stock_reproduced(result: RunResult) -> bool | None:
+    """Whether the stock run shows the bug this Airflow has (None: detection says it needs no fix)."""
+    bug = expected_stock_bug(result.needed_fixes)
+    if bug == CRASH:
+        return result.scheduler.crashed
+    if bug == DUPLICATES:
+        outcome = result.dags.get(CALLBACK_DAG_ID)
+        return bool(outcome and duplicate_tries(outcome))
+    return None
+
+
+# --- the same judgements in words, for the text table and the HTML report --------------------------
+
+
+def verdict_cell(result: RunResult) -> str:
+    if not result.fix_enabled:
+        bug = expected_stock_bug(result.needed_fixes)
+        if result.reproduced is None:
+            return "no known bug in this version"
+        return f"bug reproduced ({bug})" if result.reproduced else f"bug NOT reproduced ({bug} expected)"
+    return (
+        "OK: converged as expected" if not result.problems else f"FAILED: {len(result.problems)} problem(s)"
+    )
+
+
+def callbacks_cell(per_kind: Mapping[str, int]) -> str:
+    """``retry x1 (expected 1 per try)``: each kind's count, short names, and what is expected."""
+    counts = ", ".join(f"{_short(kind)} x{n}" for kind, n in sorted(per_kind.items())) or "0"
+    return f"{counts} ({EXPECTED_PER_TRY})"
+
+
+def _short(kind: str) -> str:
+    return kind.removeprefix("on_").removesuffix("_callback")
+
+
+def emails_cell(count: int, via_backend: bool) -> str:
+    if not via_backend:
+        return f"{count} (not counted on this Airflow)"
+    return f"{count} ({EXPECTED_PER_TRY})"
+
+
+def many_summary(outcome: DagOutcome, expected: int) -> str:
+    """``50/50 failed; callbacks: 50 x1, 0 x2+, 0 none``: the mapped Dag's task instances in one line."""
+    failed = sum(1 for t in outcome.tries if t.state == "failed")
+    counts = [outcome.per_map_index.get(i, 0) for i in range(expected)]
+    once, more, none = counts.count(1), sum(1 for n in counts if n > 1), counts.count(0)
+    return f"{failed}/{expected} failed; callbacks: {once} x1, {more} x2+, {none} none ({EXPECTED_PER_TRY})"

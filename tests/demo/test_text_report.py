@@ -1,0 +1,51 @@
+"""The side-by-side text table on stdout."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from airflow_heartbeat_fix.demo import text_report, topology
+from airflow_heartbeat_fix.demo.result import RunResult, SchedulerOutcome, TryRow
+from tests.demo._results import CB, converged_result
+
+
+def test_render_table_side_by_side() -> None:
+    stock = converged_result(
+        label="stock",
+        fix_enabled=False,
+        scheduler=SchedulerOutcome(alive=False, crashed=True, error="UniqueViolation: duplicate key"),
+        converged=False,
+        converge_seconds=None,
+        reproduced=True,
+    )
+    stock.dags[CB].tries = [TryRow("stall", 1, "running", "current")]
+    stock.scheduler.fixes = {"sink": "disabled"}
+    fixed = converged_result()
+    fixed.scheduler.fixes = {"sink": "active"}
+    table = text_report.render_table([stock, fixed])
+    lines = table.splitlines()
+    assert lines[0] == "Airflow 3.4.0b2, sqlite, LocalExecutor, 1 scheduler"
+    assert "stock ([heartbeat_fix] enabled=False)" in lines[2]
+    assert "fixed ([heartbeat_fix] enabled=True)" in lines[2]
+    scheduler = next(line for line in lines if line.startswith("scheduler "))
+    assert "CRASHED: UniqueViolation" in scheduler and scheduler.rstrip().endswith("alive")
+    assert any("failed (archived: retry)" in line and "running (current)" in line for line in lines)
+    assert any("retry x1 (expected 1 per try)" in line for line in lines)
+    emails = [line for line in lines if line.startswith("    emails")]
+    assert emails and all("(expected 1 per try)" in line for line in emails)
+    sink = next(line for line in lines if line.startswith("  sink"))
+    assert "disabled" in sink and sink.rstrip().endswith("active")
+    verdict = next(line for line in lines if line.startswith("verdict"))
+    assert "bug reproduced (crash)" in verdict and "OK: converged as expected" in verdict
+    assert "stock scheduler error: UniqueViolation: duplicate key" in table
+
+
+def test_injected_row_only_for_kill_scenarios() -> None:
+    hung = RunResult(
+        label="fixed", fix_enabled=True, airflow_version="3.4.0b2", database="postgresql", home="h"
+    )
+    assert "injected" not in text_report.render_table([hung])
+    killed = dataclasses.replace(
+        hung, scenario=topology.KILL_WORKER, injected=["SIGKILL celery-worker-1 at 20 s"]
+    )
+    assert "SIGKILL celery-worker-1 at 20 s" in text_report.render_table([killed])

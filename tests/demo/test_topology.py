@@ -1,0 +1,111 @@
+"""Executors, schedulers, scenarios: what a run starts and when it kills."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from typing import TYPE_CHECKING
+
+import pytest
+
+from airflow_heartbeat_fix.demo import result, topology
+from tests.demo._results import CB, CELERY, PG, RETRY, ROOT, SCHEDULER_LOGS
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+@pytest.mark.parametrize(
+    ("shape", "database", "refusal"),
+    [
+        (topology.Topology(), None, None),
+        (CELERY, PG, None),
+        (topology.Topology(schedulers=2), PG, None),
+        (CELERY, None, "Airflow's CeleryExecutor cannot use SQLite"),
+        (topology.Topology(schedulers=2), None, "SQLite allows only one scheduler"),
+        (topology.Topology(executor=topology.CELERY), PG, "needs --broker-url"),
+        (topology.Topology(schedulers=0), PG, "--schedulers takes 1 or more"),
+    ],
+)
+def test_topology_refusal(shape: topology.Topology, database: str | None, refusal: str | None) -> None:
+    found = topology.topology_refusal(shape, database)
+    assert found == refusal if refusal is None else refusal in (found or "")
+
+
+def test_executor_env_celery_uses_the_runs_queue_and_database_for_results() -> None:
+    assert topology.executor_env(topology.Topology(), database_url=PG, queue="q") == {
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor"
+    }
+    env = topology.executor_env(CELERY, database_url=PG, queue="hbfix-demo-stock-1")
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert env["AIRFLOW__CELERY__BROKER_URL"] == "redis://127.0.0.1:6389/0"
+    assert env["AIRFLOW__CELERY__RESULT_BACKEND"] == f"db+{PG}"
+    assert env["AIRFLOW__OPERATORS__DEFAULT_QUEUE"] == "hbfix-demo-stock-1"
+
+
+def test_component_commands_per_topology(tmp_path: Path) -> None:
+    local = topology.component_commands(topology.Topology(), "airflow", port=1, home=tmp_path, queue="q")
+    assert [name for name, _ in local] == ["api-server", "dag-processor", "scheduler"]
+    celery = topology.component_commands(CELERY, "airflow", port=1, home=tmp_path, queue="q")
+    names = [name for name, _ in celery]
+    assert names == [
+        "api-server",
+        "dag-processor",
+        "scheduler-1",
+        "scheduler-2",
+        "celery-worker-1",
+        "celery-worker-2",
+    ]
+    assert [n for n in names if topology.is_scheduler(n)] == ["scheduler-1", "scheduler-2"]
+    workers = [argv for name, argv in celery if name.startswith("celery-worker")]
+    hostnames = {argv[argv.index("--celery-hostname") + 1] for argv in workers}
+    pid_files = {argv[argv.index("--pid") + 1] for argv in workers}
+    assert len(hostnames) == len(pid_files) == 2
+    assert all(argv[argv.index("--queues") + 1] == "q" and "--skip-serve-logs" in argv for argv in workers)
+    assert CELERY.label == "CeleryExecutor, 2 schedulers, 2 Celery workers"
+    assert topology.Topology().label == "LocalExecutor, 1 scheduler"
+
+
+def test_kill_target_waits_until_both_first_tries_run() -> None:
+    tis = [
+        {"dag_id": CB, "try_number": 1, "state": "running", "id": "ti-a", "external_executor_id": "c-1"},
+        {"dag_id": RETRY, "try_number": 1, "state": "queued", "id": "ti-b", "external_executor_id": "c-2"},
+    ]
+    assert topology.kill_target(topology.KILL_SCHEDULER, tis, SCHEDULER_LOGS) is None
+    tis[1]["state"] = "running"
+    assert topology.kill_target(topology.HUNG, tis, SCHEDULER_LOGS) is None
+    assert topology.kill_target(topology.KILL_SCHEDULER, tis, SCHEDULER_LOGS) == "scheduler-1"
+    assert topology.kill_target(topology.KILL_WORKER, tis, SCHEDULER_LOGS) == "celery-worker-2"
+
+
+@pytest.mark.parametrize(
+    ("shape", "refusal"),
+    [
+        (topology.Topology(scenario=topology.KILL_WORKER), "--scenario kill-worker needs --executor celery"),
+        (dataclasses.replace(CELERY, schedulers=1, scenario=topology.KILL_SCHEDULER), "needs --schedulers 2"),
+        (dataclasses.replace(CELERY, scenario=topology.KILL_SCHEDULER), None),
+    ],
+)
+def test_scenario_refusal(shape: topology.Topology, refusal: str | None) -> None:
+    found = topology.topology_refusal(shape, PG)
+    assert found == refusal if refusal is None else refusal in (found or "")
+
+
+def test_nox_celery_scenarios_are_the_demos() -> None:
+    """``noxfile.py`` cannot import the demo (no psutil in the runner's environment): its list must match."""
+    noxfile = ast.parse((ROOT / "noxfile.py").read_text(encoding="utf-8"))
+    (listed,) = [
+        ast.literal_eval(node.value)
+        for node in noxfile.body
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["CELERY_SCENARIOS"]
+    ]
+    assert listed == list(topology.SCENARIOS)
+
+
+def test_many_scenario_deploys_the_mapped_dag_with_a_worker_slot_per_hung_try() -> None:
+    many = dataclasses.replace(CELERY, scenario=topology.MANY)
+    assert result.scenario_dag_ids(many.scenario) == (*result.DAG_IDS, result.MANY_DAG_ID)
+    env = topology.executor_env(many, database_url=PG, queue="q")
+    assert int(env["AIRFLOW__CELERY__WORKER_CONCURRENCY"]) * many.workers >= result.MANY_TASKS + 4
+    assert int(env["AIRFLOW__CORE__PARALLELISM"]) >= result.MANY_TASKS + 4
+    assert topology.kill_target(topology.MANY, [], {}) is None  # nothing is killed in this scenario

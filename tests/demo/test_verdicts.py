@@ -1,0 +1,98 @@
+"""The verdicts: which bug stock must show, and what a fixed run got wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_heartbeat_fix.demo import logs, result, verdicts
+from airflow_heartbeat_fix.demo.result import DagOutcome, SchedulerOutcome, TryRow
+from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX
+from tests.demo._results import ACTIVE, CB, DUPLICATES_NEEDS, NOT_NEEDED, RETRY, UNSUPPORTED, converged_result
+
+
+@pytest.mark.parametrize(
+    ("needed", "bug"),
+    [
+        pytest.param(
+            {SINK_FIX: ACTIVE, PURGE_FIX: NOT_NEEDED}, verdicts.CRASH, id="converged-purge-old-sink"
+        ),
+        pytest.param({SINK_FIX: ACTIVE, PURGE_FIX: ACTIVE}, verdicts.DUPLICATES, id="unconverged-purge"),
+        pytest.param({SINK_FIX: NOT_NEEDED, PURGE_FIX: NOT_NEEDED}, None, id="both-upstream"),
+        pytest.param({SINK_FIX: UNSUPPORTED, PURGE_FIX: UNSUPPORTED}, None, id="unrecognised"),
+        pytest.param({}, None, id="not-probed"),
+    ],
+)
+def test_expected_stock_bug_follows_detection(needed: dict[str, str], bug: str | None) -> None:
+    assert verdicts.expected_stock_bug(needed) == bug
+
+
+def test_fixed_run_that_converged_has_no_problems() -> None:
+    assert verdicts.fixed_problems(converged_result()) == []
+
+
+def test_fixed_problems_duplicates_crash_missing_retry_and_leftovers() -> None:
+    result = converged_result(
+        scheduler=SchedulerOutcome(alive=False, crashed=True, error="UniqueViolation: ..."),
+        converged=False,
+        stop_reason="scheduler crashed",
+        leftover_pids=[123],
+    )
+    result.dags[CB].callbacks[1]["on_retry_callback"] = 2
+    result.dags[RETRY].tries = [TryRow("stall", 1, "running", "current")]
+    problems = "\n".join(verdicts.fixed_problems(result))
+    assert "scheduler did not survive: UniqueViolation" in problems
+    assert f"{CB}: duplicate callbacks/emails for try 1" in problems
+    assert f"{CB}: try 1 did not get exactly one on_retry_callback" in problems
+    assert f"{RETRY}: try 1 is running, expected failed" in problems
+    assert f"{RETRY}: try 2 was not created" in problems
+    assert "did not converge: scheduler crashed" in problems
+    assert "processes left running: [123]" in problems
+
+
+def test_fixed_problems_email_only_counted_where_the_backend_is_used() -> None:
+    result = converged_result(version="3.2.2", emails_via_backend=False)
+    result.dags[CB].emails = {}
+    assert verdicts.fixed_problems(result) == []
+    result.emails_via_backend = True
+    assert verdicts.fixed_problems(result) == [f"{CB}: try 1 did not get exactly one email"]
+
+
+def test_callbacks_complete_waits_for_each_failed_try() -> None:
+    result = converged_result()
+    assert verdicts.callbacks_complete(result.dags, emails_via_backend=True)
+    del result.dags[CB].emails[2]
+    assert not verdicts.callbacks_complete(result.dags, emails_via_backend=True)
+    assert verdicts.callbacks_complete(result.dags, emails_via_backend=False)  # no emails counted there
+    del result.dags[CB].callbacks[2]
+    assert not verdicts.callbacks_complete(result.dags, emails_via_backend=False)
+    result.dags[CB].tries[1] = TryRow("stall", 2, "running", "current")
+    assert verdicts.callbacks_complete(result.dags, emails_via_backend=False)
+
+
+def test_stock_reproduced_crash_and_duplicates() -> None:
+    crashed = converged_result(fix_enabled=False, scheduler=SchedulerOutcome(alive=False, crashed=True))
+    assert verdicts.stock_reproduced(crashed) is True
+    assert verdicts.stock_reproduced(converged_result(fix_enabled=False)) is False
+    duplicated = converged_result(version="3.3.2", fix_enabled=False, needed_fixes=DUPLICATES_NEEDS)
+    assert verdicts.stock_reproduced(duplicated) is False
+    duplicated.dags[CB].callbacks[2]["on_failure_callback"] = 2
+    assert verdicts.stock_reproduced(duplicated) is True
+    upstream = {SINK_FIX: NOT_NEEDED, PURGE_FIX: NOT_NEEDED}
+    assert verdicts.stock_reproduced(converged_result(fix_enabled=False, needed_fixes=upstream)) is None
+
+
+def test_many_scenario_counts_one_callback_per_map_index() -> None:
+    lines = [{"dag_id": result.MANY_DAG_ID, "map_index": i, "try_number": 1} for i in (0, 1, 1)]
+    per_index = logs.count_per_map_index([*lines, {"dag_id": CB, "try_number": 1}], result.MANY_DAG_ID)
+    assert per_index == {0: 1, 1: 2}
+    tries = [TryRow(f"stall[{i}]", 1, "failed", "current") for i in range(3)]
+    outcome = DagOutcome(result.MANY_DAG_ID, "failed", tries, per_map_index=per_index)
+    assert (
+        verdicts.many_summary(outcome, 3) == "3/3 failed; callbacks: 1 x1, 1 x2+, 1 none (expected 1 per try)"
+    )
+    assert verdicts.many_problems(outcome, 3) == [
+        f"{result.MANY_DAG_ID}: 2 task instances without exactly one callback"
+    ]
+    outcome.per_map_index = {0: 1, 1: 1, 2: 1}
+    assert verdicts.many_problems(outcome, 3) == []
+    assert verdicts.many_problems(None, 3) == [f"{result.MANY_DAG_ID}: no Dag run"]

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks import _setup
+from testing.scheduler import StatementCounter, make_stale, new_runner
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -82,9 +83,9 @@ def measure_purge(n: int, retries: int, *, memory: bool) -> dict[str, Any]:
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        runner = _setup.scheduler_runner(session)
+        runner = new_runner(session)
         created = _setup.stale_task_instances(runner, n, session, retries=retries)
-    counter = _setup.harness().StatementCounter()
+    counter = StatementCounter()
     error = None
     if memory:
         tracemalloc.start()
@@ -145,16 +146,16 @@ def measure_idle() -> dict[str, Any]:
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        runner = _setup.scheduler_runner(session)
+        runner = new_runner(session)
         dag = _setup.store_dag(_setup.DagShape("bench_idle", 1), session)
         _setup.create_runs(dag, IDLE_RUNS, session)
         running = _setup.task_instances("bench_idle", session)
-        _setup.harness().make_stale(running, runner, session)
+        make_stale(running, runner, session)
         _set_columns("bench_idle", session, last_heartbeat_at=datetime.now(tz=timezone.utc))
         _unpause("bench_idle", session)
     for _ in range(2):  # warm caches (Dag bag, compiled statements) before counting
         _scheduling_loop(runner)
-    counter = _setup.harness().StatementCounter()
+    counter = StatementCounter()
     started = time.perf_counter()
     with counter.counting():
         for _ in range(IDLE_LOOPS):
@@ -176,12 +177,12 @@ def measure_storm() -> dict[str, Any]:
     from sqlalchemy import func, select
 
     with create_session() as session:
-        runner = _setup.scheduler_runner(session)
+        runner = new_runner(session)
         dag = _setup.store_dag(_setup.DagShape("bench_storm", 1), session)
         _setup.create_runs(dag, STORM_RUNS, session)
         _set_columns("bench_storm", session, state=TaskInstanceState.FAILED)
         _unpause("bench_storm", session)
-    counter = _setup.harness().StatementCounter()
+    counter = StatementCounter()
     loops, error = 0, None
     started = time.perf_counter()
     with counter.counting():

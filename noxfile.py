@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from parity.expectations import SWEEP_DBS, load  # noqa: E402  (standard library only)
+from parity.check import Outcome, actual_outcome  # noqa: E402  (standard library only)
+from parity.expectations import SWEEP_DBS, load  # noqa: E402
 
 RESULTS = ROOT / "test-results"
 CONSTRAINTS = ROOT / "constraints"
@@ -47,7 +48,8 @@ NEWEST = FULL[-1]
 DBS = list(EXPECTATIONS.dbs)
 #: stock: AIRFLOW__HEARTBEAT_FIX__ENABLED=False, Airflow as released.
 MODES = list(EXPECTATIONS.modes)
-CELLS = [*itertools.product(FULL, DBS, MODES), *itertools.product(SWEEP, SWEEP_DBS, MODES)]
+#: (release, db, mode): the full matrix, then the sweep releases on the sweep's databases.
+CELLS = EXPECTATIONS.cells()
 #: Other dependency sets of a release: ``constraints/airflow-<release>-<name>.txt`` (e.g. the SQLAlchemy
 #: 1.4 and psycopg2 that upstream's constraints pin where a fresh resolution takes SQLAlchemy 2), each
 #: run on PostgreSQL (its driver is what differs), fixed and stock, in ``.venvs/airflow-<release>-<name>``.
@@ -335,16 +337,16 @@ def test_paths(airflow: str, env: dict[str, str | None]) -> list[str]:
     """``tests``, or for a sweep cell only the modules its tests are in (collecting the rest costs time)."""
     if airflow not in SWEEP or env.get("HEARTBEAT_FIX_SWEEP") == "full":
         return ["tests"]
-    swept = {node.split("::", 1)[0] for node, test in EXPECTATIONS.tests.items() if test.catches}
-    return sorted(swept)
+    return sorted({node.split("::", 1)[0] for node in EXPECTATIONS.swept_nodes()})
 
 
 @nox.session(default=False, allow_parallel=True)
 @nox.parametrize(("airflow", "mode"), list(itertools.product(SWEEP, MODES)))
 def sweep_full(session: nox.Session, airflow: str, mode: str) -> None:
-    """On demand: the whole suite on a sweep release (SQLite), as its line's newest patch runs it."""
-    cell = cell_name("sweep_full", {"airflow": airflow, "db": "sqlite", "mode": mode})
-    run_suite(session, airflow, "sqlite", mode, cell, HEARTBEAT_FIX_SWEEP="full")
+    """On demand: the whole suite on a sweep release (its databases), as its line's newest patch runs it."""
+    for db in SWEEP_DBS:
+        cell = cell_name("sweep_full", {"airflow": airflow, "db": db, "mode": mode})
+        run_suite(session, airflow, db, mode, cell, HEARTBEAT_FIX_SWEEP="full")
 
 
 @nox.session(allow_parallel=True)
@@ -473,6 +475,16 @@ def demo(session: nox.Session) -> None:
     session.run(str(bin_dir / "airflow-heartbeat-fix"), "demo", *args, external=True)
 
 
+#: How the last line counts each junit outcome (parity's reading of a test case): an error is a failure.
+_SUMMARY_KIND = {
+    Outcome.PASSED: "passed",
+    Outcome.FAILED: "failed",
+    Outcome.ERROR: "failed",
+    Outcome.XFAILED: "xfailed",
+    Outcome.SKIPPED: "skipped",
+}
+
+
 def summary(results: Path, report: Path) -> int:
     """Prints each cell's counts and, last, ``N passed, M failed``; returns the exit status.
 
@@ -482,11 +494,7 @@ def summary(results: Path, report: Path) -> int:
     for xml in sorted(results.glob("*.xml")):
         counts = dict.fromkeys(("passed", "failed", "xfailed", "skipped"), 0)
         for case in ET.parse(xml).getroot().iter("testcase"):
-            kinds = {child.tag: child.get("type") for child in case}
-            kind = "failed" if {"failure", "error"} & kinds.keys() else "passed"
-            if "skipped" in kinds:
-                kind = "xfailed" if kinds["skipped"] == "pytest.xfail" else "skipped"
-            counts[kind] += 1
+            counts[_SUMMARY_KIND[actual_outcome(case).outcome]] += 1
         print(f"{xml.stem:26}" + (", ".join(f"{n} {kind}" for kind, n in counts.items() if n) or "no tests"))
         passed, failed = passed + counts["passed"], failed + counts["failed"]
         failing_cells |= {xml.stem} if counts["failed"] else set()

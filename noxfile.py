@@ -69,9 +69,17 @@ CELL_TIMEOUT = 1200
 TWINE = "6.2.0"
 #: Releases whose purge benchmark runs at small N in every test run (a smoke test, never timed).
 BENCH_SMOKE = ["3.3.2", NEWEST]
-#: What the distributions must carry: the license, the demo's Dags; the tests with their conftest.
+#: What the distributions must carry: the license, the demo's Dags; the tests with their conftest and the
+#: test support they import (``testing/``, which the wheel leaves out).
 WHEEL_MUST_HOLD = ("licenses/LICENSE", "airflow_heartbeat_fix/demo/dags/retry_after_heartbeat_timeout.py")
-SDIST_MUST_HOLD = ("LICENSE", "tests/conftest.py", "tests/_stand_in/tests_common/pytest_plugin.py")
+SDIST_MUST_HOLD = (
+    "LICENSE",
+    "tests/conftest.py",
+    "tests/_stand_in/tests_common/pytest_plugin.py",
+    "testing/environment.py",
+)
+#: What must stay out of the wheel: the test support is not part of the fix.
+WHEEL_MUST_NOT_HOLD = ("testing/",)
 #: What the package session runs from the unpacked sdist: no Airflow process started, seconds in all.
 SDIST_TESTS = (
     "test_detection.py",
@@ -247,8 +255,13 @@ def package(session: nox.Session) -> None:
         in_sdist = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     missing = [f"wheel: {name}" for name in WHEEL_MUST_HOLD if not any(n.endswith(name) for n in in_wheel)]
     missing += [f"sdist: {name}" for name in SDIST_MUST_HOLD if name not in in_sdist]
+    missing += [
+        f"wheel must not hold {name}"
+        for name in WHEEL_MUST_NOT_HOLD
+        if any(n.startswith(name) for n in in_wheel)
+    ]
     if missing:
-        session.error("missing from the distributions: " + ", ".join(missing))
+        session.error("the distributions differ from what they promise: " + ", ".join(missing))
     # The sdist's own tests, from the unpacked sdist (the package too: PYTHONPATH comes first), so a file
     # they need but MANIFEST.in leaves out fails here. The fast modules; the matrix runs them all.
     unpacked = dist / "sdist"

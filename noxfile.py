@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import itertools
 import json
+import re
 import shutil
 import sys
 import xml.etree.ElementTree as ET
@@ -103,7 +104,7 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def airflow_env(session: nox.Session, version: str, extra: str | None = None) -> Path:
+def airflow_venv(session: nox.Session, version: str, extra: str | None = None) -> Path:
     """``.venvs/airflow-<version>``'s bin directory, creating or updating the environment if needed.
 
     ``extra`` (``celery``): the package's extra on top of ``dev``, in ``.venvs/airflow-<version>-<extra>``,
@@ -155,6 +156,12 @@ def postgres(session: nox.Session, *args: str, version: str = NEWEST) -> str:
     return url.replace("+psycopg:", "+psycopg2:") if sqlalchemy_1(version) else url
 
 
+def postgres_database(session: nox.Session, label: str, *, version: str = NEWEST) -> str:
+    """The URL of a fresh PostgreSQL database for ``label``, named apart per checkout (``CHECKOUT_TAG``)."""
+    name = "hbfix_" + re.sub(r"[^a-z0-9]+", "_", f"{CHECKOUT_TAG}_{label}".lower())
+    return postgres(session, "create-db", name, version=version)
+
+
 def sqlalchemy_1(version: str) -> bool:
     """Whether ``version``'s constraints pin SQLAlchemy 1.x."""
     pins = (CONSTRAINTS / f"airflow-{version}.txt").read_text().lower().splitlines()
@@ -189,7 +196,7 @@ def run_pytest(
     extra: str | None = None,
 ) -> None:
     """pytest in a fresh AIRFLOW_HOME, junit to test-results/<cell>.xml, output to <cell>.log."""
-    bin_dir = airflow_env(session, version, extra)
+    bin_dir = airflow_venv(session, version, extra)
     home = RESULTS / "cells" / cell
     shutil.rmtree(home, ignore_errors=True)
     (home / "airflow").mkdir(parents=True)
@@ -222,7 +229,7 @@ def run_pytest(
 @nox.session(allow_parallel=True)
 def lint(session: nox.Session) -> None:
     """ruff and mypy, in the newest Airflow's environment (mypy reads Airflow's types)."""
-    bin_dir = airflow_env(session, NEWEST)
+    bin_dir = airflow_venv(session, NEWEST)
     session.run(str(bin_dir / "ruff"), "check", ".", external=True)
     session.run(str(bin_dir / "mypy"), external=True)
 
@@ -288,7 +295,7 @@ def install_check(session: nox.Session, airflow: str) -> None:
     The ``[celery]`` extra may add the Celery provider, and no other Airflow package (checked where the
     release's constraints pin that provider: the releases the Celery topology runs on).
     """
-    bin_dir = airflow_env(session, airflow)
+    bin_dir = airflow_venv(session, airflow)
     targets: list[tuple[str, set[str]]] = [(str(ROOT), set())]
     if "apache-airflow-providers-celery==" in (CONSTRAINTS / f"airflow-{airflow}.txt").read_text():
         targets.append((f"{ROOT}[celery]", {"apache-airflow-providers-celery"}))
@@ -339,8 +346,7 @@ def run_suite(session: nox.Session, airflow: str, db: str, mode: str, cell: str,
     """tests/ of ``airflow`` (a release or a dependency set) in one db x mode, into ``cell``."""
     env["AIRFLOW__HEARTBEAT_FIX__ENABLED"] = str(mode == "fixed")
     if db == "postgres":
-        name = f"hbfix_{CHECKOUT_TAG}_{cell.replace('.', '_').replace('-', '_')}"
-        env["HEARTBEAT_FIX_TEST_DB_URL"] = postgres(session, "create-db", name, version=airflow)
+        env["HEARTBEAT_FIX_TEST_DB_URL"] = postgres_database(session, cell, version=airflow)
     # Tests that set the switch themselves would repeat the fixed cell's run exactly.
     select = "not e2e" if mode == "fixed" else "not e2e and not mode_independent"
     run_pytest(session, airflow, cell, env, "-m", select, *test_paths(airflow, env))
@@ -382,8 +388,9 @@ def tests_kubernetes(session: nox.Session, airflow: str, db: str, mode: str) -> 
     """tests/unit/jobs/test_heartbeat_fix_adoption.py with the provider installed (its real-executor case)."""
     env: dict[str, str | None] = {"AIRFLOW__HEARTBEAT_FIX__ENABLED": str(mode == "fixed")}
     if db == "postgres":
-        name = f"hbfix_{CHECKOUT_TAG}_k8s_{airflow.replace('.', '_')}_{mode}"
-        env["HEARTBEAT_FIX_TEST_DB_URL"] = postgres(session, "create-db", name, version=airflow)
+        env["HEARTBEAT_FIX_TEST_DB_URL"] = postgres_database(
+            session, f"k8s_{airflow}_{mode}", version=airflow
+        )
     cell = cell_name("kubernetes", {"airflow": airflow, "db": db, "mode": mode})
     module = "tests/unit/jobs/test_heartbeat_fix_adoption.py"
     run_pytest(session, airflow, cell, env, "-m", "not e2e", module, extra="kubernetes")
@@ -393,7 +400,7 @@ def tests_kubernetes(session: nox.Session, airflow: str, db: str, mode: str) -> 
 @nox.parametrize("airflow", BENCH_SMOKE)
 def bench_smoke(session: nox.Session, airflow: str) -> None:
     """The purge benchmark at N = 20: fails only if the fixed purge leaves a try unconverged or doubled."""
-    bin_dir = airflow_env(session, airflow)
+    bin_dir = airflow_venv(session, airflow)
     home = RESULTS / "cells" / f"bench-{airflow}"
     home.mkdir(parents=True, exist_ok=True)
     env = {"AIRFLOW_HOME": str(home), "AIRFLOW_CONFIG": None, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": None}
@@ -412,7 +419,7 @@ def bench(session: nox.Session) -> None:
     """``python -m benchmarks.purge_cost ARGS`` across releases, e.g. ``-- --airflow 3.3.2,3.4.0b2``."""
     for version in AIRFLOW_VERSIONS:
         if any(version in arg for arg in session.posargs):
-            airflow_env(session, version)
+            airflow_venv(session, version)
     session.run(sys.executable, "-m", "benchmarks.purge_cost", *session.posargs, external=True)
 
 
@@ -422,16 +429,14 @@ def e2e(session: nox.Session, airflow: str, db: str) -> None:
     """The demo end to end, alone: its real scheduler's heartbeat timing needs the CPU."""
     env: dict[str, str | None] = {}
     if db == "postgres":
-        name = f"hbfix_{CHECKOUT_TAG}_demo_{airflow.replace('.', '_')}"
-        env["HEARTBEAT_FIX_DEMO_DATABASE"] = postgres(session, "create-db", name)
+        env["HEARTBEAT_FIX_DEMO_DATABASE"] = postgres_database(session, f"demo_{airflow}")
     run_pytest(session, airflow, cell_name("e2e", {"airflow": airflow, "db": db}), env, "-m", "e2e", "tests")
 
 
 def run_celery_demo_tests(session: nox.Session, airflow: str, scenario: str) -> None:
     """tests/e2e on the demo's ``--executor celery --schedulers 2`` (PostgreSQL, Redis) in one scenario."""
-    name = f"hbfix_{CHECKOUT_TAG}_celery_{scenario.replace('-', '_')}_{airflow.replace('.', '_')}"
     env: dict[str, str | None] = {
-        "HEARTBEAT_FIX_DEMO_DATABASE": postgres(session, "create-db", name),
+        "HEARTBEAT_FIX_DEMO_DATABASE": postgres_database(session, f"celery_{scenario}_{airflow}"),
         "HEARTBEAT_FIX_DEMO_BROKER_URL": redis(session),
         "HEARTBEAT_FIX_DEMO_SCENARIO": scenario,
     }
@@ -457,7 +462,7 @@ def e2e_celery_all(session: nox.Session, airflow: str, scenario: str) -> None:
 @nox.session
 def parity(session: nox.Session) -> None:
     """Every mirrored test in every cell of test-results/ against parity/expectations.toml."""
-    bin_dir = airflow_env(session, NEWEST)
+    bin_dir = airflow_venv(session, NEWEST)
     session.run(str(bin_dir / "python"), "-m", "parity", "--results", str(RESULTS), external=True)
 
 
@@ -482,9 +487,8 @@ def demo(session: nox.Session) -> None:
     if celery and not any(arg.startswith("--broker-url") for arg in args):
         args += ["--broker-url", redis(session)]
     if celery and not any(arg.startswith("--database") for arg in args):
-        name = f"hbfix_{CHECKOUT_TAG}_demo_celery_{version.replace('.', '_')}"
-        args += ["--database", postgres(session, "create-db", name)]
-    bin_dir = airflow_env(session, version, "celery" if celery else None)
+        args += ["--database", postgres_database(session, f"demo_celery_{version}")]
+    bin_dir = airflow_venv(session, version, "celery" if celery else None)
     session.run(str(bin_dir / "airflow-heartbeat-fix"), "demo", *args, external=True)
 
 

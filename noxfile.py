@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import itertools
 import json
+import re
 import shutil
 import sys
 import xml.etree.ElementTree as ET
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from parity.expectations import SWEEP_DBS, load  # noqa: E402  (standard library only)
+from parity.check import Outcome, actual_outcome  # noqa: E402  (standard library only)
+from parity.expectations import SWEEP_DBS, load  # noqa: E402
 
 RESULTS = ROOT / "test-results"
 CONSTRAINTS = ROOT / "constraints"
@@ -47,7 +49,8 @@ NEWEST = FULL[-1]
 DBS = list(EXPECTATIONS.dbs)
 #: stock: AIRFLOW__HEARTBEAT_FIX__ENABLED=False, Airflow as released.
 MODES = list(EXPECTATIONS.modes)
-CELLS = [*itertools.product(FULL, DBS, MODES), *itertools.product(SWEEP, SWEEP_DBS, MODES)]
+#: (release, db, mode): the full matrix, then the sweep releases on the sweep's databases.
+CELLS = EXPECTATIONS.cells()
 #: Other dependency sets of a release: ``constraints/airflow-<release>-<name>.txt`` (e.g. the SQLAlchemy
 #: 1.4 and psycopg2 that upstream's constraints pin where a fresh resolution takes SQLAlchemy 2), each
 #: run on PostgreSQL (its driver is what differs), fixed and stock, in ``.venvs/airflow-<release>-<name>``.
@@ -67,9 +70,17 @@ CELL_TIMEOUT = 1200
 TWINE = "6.2.0"
 #: Releases whose purge benchmark runs at small N in every test run (a smoke test, never timed).
 BENCH_SMOKE = ["3.3.2", NEWEST]
-#: What the distributions must carry: the license, the demo's Dags; the tests with their conftest.
+#: What the distributions must carry: the license, the demo's Dags; the tests with their conftest and the
+#: test support they import (``testing/``, which the wheel leaves out).
 WHEEL_MUST_HOLD = ("licenses/LICENSE", "airflow_heartbeat_fix/demo/dags/retry_after_heartbeat_timeout.py")
-SDIST_MUST_HOLD = ("LICENSE", "tests/conftest.py", "tests/_stand_in/tests_common/pytest_plugin.py")
+SDIST_MUST_HOLD = (
+    "LICENSE",
+    "tests/conftest.py",
+    "tests/_stand_in/tests_common/pytest_plugin.py",
+    "testing/environment.py",
+)
+#: What must stay out of the wheel: the test support is not part of the fix.
+WHEEL_MUST_NOT_HOLD = ("testing/",)
 #: What the package session runs from the unpacked sdist: no Airflow process started, seconds in all.
 SDIST_TESTS = (
     "test_detection.py",
@@ -93,7 +104,7 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def airflow_env(session: nox.Session, version: str, extra: str | None = None) -> Path:
+def airflow_venv(session: nox.Session, version: str, extra: str | None = None) -> Path:
     """``.venvs/airflow-<version>``'s bin directory, creating or updating the environment if needed.
 
     ``extra`` (``celery``): the package's extra on top of ``dev``, in ``.venvs/airflow-<version>-<extra>``,
@@ -145,6 +156,12 @@ def postgres(session: nox.Session, *args: str, version: str = NEWEST) -> str:
     return url.replace("+psycopg:", "+psycopg2:") if sqlalchemy_1(version) else url
 
 
+def postgres_database(session: nox.Session, label: str, *, version: str = NEWEST) -> str:
+    """The URL of a fresh PostgreSQL database for ``label``, named apart per checkout (``CHECKOUT_TAG``)."""
+    name = "hbfix_" + re.sub(r"[^a-z0-9]+", "_", f"{CHECKOUT_TAG}_{label}".lower())
+    return postgres(session, "create-db", name, version=version)
+
+
 def sqlalchemy_1(version: str) -> bool:
     """Whether ``version``'s constraints pin SQLAlchemy 1.x."""
     pins = (CONSTRAINTS / f"airflow-{version}.txt").read_text().lower().splitlines()
@@ -179,7 +196,7 @@ def run_pytest(
     extra: str | None = None,
 ) -> None:
     """pytest in a fresh AIRFLOW_HOME, junit to test-results/<cell>.xml, output to <cell>.log."""
-    bin_dir = airflow_env(session, version, extra)
+    bin_dir = airflow_venv(session, version, extra)
     home = RESULTS / "cells" / cell
     shutil.rmtree(home, ignore_errors=True)
     (home / "airflow").mkdir(parents=True)
@@ -212,7 +229,7 @@ def run_pytest(
 @nox.session(allow_parallel=True)
 def lint(session: nox.Session) -> None:
     """ruff and mypy, in the newest Airflow's environment (mypy reads Airflow's types)."""
-    bin_dir = airflow_env(session, NEWEST)
+    bin_dir = airflow_venv(session, NEWEST)
     session.run(str(bin_dir / "ruff"), "check", ".", external=True)
     session.run(str(bin_dir / "mypy"), external=True)
 
@@ -245,8 +262,13 @@ def package(session: nox.Session) -> None:
         in_sdist = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     missing = [f"wheel: {name}" for name in WHEEL_MUST_HOLD if not any(n.endswith(name) for n in in_wheel)]
     missing += [f"sdist: {name}" for name in SDIST_MUST_HOLD if name not in in_sdist]
+    missing += [
+        f"wheel must not hold {name}"
+        for name in WHEEL_MUST_NOT_HOLD
+        if any(n.startswith(name) for n in in_wheel)
+    ]
     if missing:
-        session.error("missing from the distributions: " + ", ".join(missing))
+        session.error("the distributions differ from what they promise: " + ", ".join(missing))
     # The sdist's own tests, from the unpacked sdist (the package too: PYTHONPATH comes first), so a file
     # they need but MANIFEST.in leaves out fails here. The fast modules; the matrix runs them all.
     unpacked = dist / "sdist"
@@ -296,7 +318,7 @@ def install_check(session: nox.Session, airflow: str) -> None:
     The ``[celery]`` extra may add the Celery provider, and no other Airflow package (checked where the
     release's constraints pin that provider: the releases the Celery topology runs on).
     """
-    bin_dir = airflow_env(session, airflow)
+    bin_dir = airflow_venv(session, airflow)
     wheel = str(project_wheel(session))
     targets: list[tuple[str, set[str]]] = [(wheel, set())]
     if "apache-airflow-providers-celery==" in (CONSTRAINTS / f"airflow-{airflow}.txt").read_text():
@@ -348,8 +370,7 @@ def run_suite(session: nox.Session, airflow: str, db: str, mode: str, cell: str,
     """tests/ of ``airflow`` (a release or a dependency set) in one db x mode, into ``cell``."""
     env["AIRFLOW__HEARTBEAT_FIX__ENABLED"] = str(mode == "fixed")
     if db == "postgres":
-        name = f"hbfix_{CHECKOUT_TAG}_{cell.replace('.', '_').replace('-', '_')}"
-        env["HEARTBEAT_FIX_TEST_DB_URL"] = postgres(session, "create-db", name, version=airflow)
+        env["HEARTBEAT_FIX_TEST_DB_URL"] = postgres_database(session, cell, version=airflow)
     # Tests that set the switch themselves would repeat the fixed cell's run exactly.
     select = "not e2e" if mode == "fixed" else "not e2e and not mode_independent"
     run_pytest(session, airflow, cell, env, "-m", select, *test_paths(airflow, env))
@@ -359,16 +380,16 @@ def test_paths(airflow: str, env: dict[str, str | None]) -> list[str]:
     """``tests``, or for a sweep cell only the modules its tests are in (collecting the rest costs time)."""
     if airflow not in SWEEP or env.get("HEARTBEAT_FIX_SWEEP") == "full":
         return ["tests"]
-    swept = {node.split("::", 1)[0] for node, test in EXPECTATIONS.tests.items() if test.catches}
-    return sorted(swept)
+    return sorted({node.split("::", 1)[0] for node in EXPECTATIONS.swept_nodes()})
 
 
 @nox.session(default=False, allow_parallel=True)
 @nox.parametrize(("airflow", "mode"), list(itertools.product(SWEEP, MODES)))
 def sweep_full(session: nox.Session, airflow: str, mode: str) -> None:
-    """On demand: the whole suite on a sweep release (SQLite), as its line's newest patch runs it."""
-    cell = cell_name("sweep_full", {"airflow": airflow, "db": "sqlite", "mode": mode})
-    run_suite(session, airflow, "sqlite", mode, cell, HEARTBEAT_FIX_SWEEP="full")
+    """On demand: the whole suite on a sweep release (its databases), as its line's newest patch runs it."""
+    for db in SWEEP_DBS:
+        cell = cell_name("sweep_full", {"airflow": airflow, "db": db, "mode": mode})
+        run_suite(session, airflow, db, mode, cell, HEARTBEAT_FIX_SWEEP="full")
 
 
 @nox.session(allow_parallel=True)
@@ -391,8 +412,9 @@ def tests_kubernetes(session: nox.Session, airflow: str, db: str, mode: str) -> 
     """tests/unit/jobs/test_heartbeat_fix_adoption.py with the provider installed (its real-executor case)."""
     env: dict[str, str | None] = {"AIRFLOW__HEARTBEAT_FIX__ENABLED": str(mode == "fixed")}
     if db == "postgres":
-        name = f"hbfix_{CHECKOUT_TAG}_k8s_{airflow.replace('.', '_')}_{mode}"
-        env["HEARTBEAT_FIX_TEST_DB_URL"] = postgres(session, "create-db", name, version=airflow)
+        env["HEARTBEAT_FIX_TEST_DB_URL"] = postgres_database(
+            session, f"k8s_{airflow}_{mode}", version=airflow
+        )
     cell = cell_name("kubernetes", {"airflow": airflow, "db": db, "mode": mode})
     module = "tests/unit/jobs/test_heartbeat_fix_adoption.py"
     run_pytest(session, airflow, cell, env, "-m", "not e2e", module, extra="kubernetes")
@@ -402,7 +424,7 @@ def tests_kubernetes(session: nox.Session, airflow: str, db: str, mode: str) -> 
 @nox.parametrize("airflow", BENCH_SMOKE)
 def bench_smoke(session: nox.Session, airflow: str) -> None:
     """The purge benchmark at N = 20: fails only if the fixed purge leaves a try unconverged or doubled."""
-    bin_dir = airflow_env(session, airflow)
+    bin_dir = airflow_venv(session, airflow)
     home = RESULTS / "cells" / f"bench-{airflow}"
     home.mkdir(parents=True, exist_ok=True)
     env = {"AIRFLOW_HOME": str(home), "AIRFLOW_CONFIG": None, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": None}
@@ -421,7 +443,7 @@ def bench(session: nox.Session) -> None:
     """``python -m benchmarks.purge_cost ARGS`` across releases, e.g. ``-- --airflow 3.3.2,3.4.0b2``."""
     for version in AIRFLOW_VERSIONS:
         if any(version in arg for arg in session.posargs):
-            airflow_env(session, version)
+            airflow_venv(session, version)
     session.run(sys.executable, "-m", "benchmarks.purge_cost", *session.posargs, external=True)
 
 
@@ -431,16 +453,14 @@ def e2e(session: nox.Session, airflow: str, db: str) -> None:
     """The demo end to end, alone: its real scheduler's heartbeat timing needs the CPU."""
     env: dict[str, str | None] = {}
     if db == "postgres":
-        name = f"hbfix_{CHECKOUT_TAG}_demo_{airflow.replace('.', '_')}"
-        env["HEARTBEAT_FIX_DEMO_DATABASE"] = postgres(session, "create-db", name)
+        env["HEARTBEAT_FIX_DEMO_DATABASE"] = postgres_database(session, f"demo_{airflow}")
     run_pytest(session, airflow, cell_name("e2e", {"airflow": airflow, "db": db}), env, "-m", "e2e", "tests")
 
 
 def run_celery_demo_tests(session: nox.Session, airflow: str, scenario: str) -> None:
     """tests/e2e on the demo's ``--executor celery --schedulers 2`` (PostgreSQL, Redis) in one scenario."""
-    name = f"hbfix_{CHECKOUT_TAG}_celery_{scenario.replace('-', '_')}_{airflow.replace('.', '_')}"
     env: dict[str, str | None] = {
-        "HEARTBEAT_FIX_DEMO_DATABASE": postgres(session, "create-db", name),
+        "HEARTBEAT_FIX_DEMO_DATABASE": postgres_database(session, f"celery_{scenario}_{airflow}"),
         "HEARTBEAT_FIX_DEMO_BROKER_URL": redis(session),
         "HEARTBEAT_FIX_DEMO_SCENARIO": scenario,
     }
@@ -466,7 +486,7 @@ def e2e_celery_all(session: nox.Session, airflow: str, scenario: str) -> None:
 @nox.session
 def parity(session: nox.Session) -> None:
     """Every mirrored test in every cell of test-results/ against parity/expectations.toml."""
-    bin_dir = airflow_env(session, NEWEST)
+    bin_dir = airflow_venv(session, NEWEST)
     session.run(str(bin_dir / "python"), "-m", "parity", "--results", str(RESULTS), external=True)
 
 
@@ -491,10 +511,19 @@ def demo(session: nox.Session) -> None:
     if celery and not any(arg.startswith("--broker-url") for arg in args):
         args += ["--broker-url", redis(session)]
     if celery and not any(arg.startswith("--database") for arg in args):
-        name = f"hbfix_{CHECKOUT_TAG}_demo_celery_{version.replace('.', '_')}"
-        args += ["--database", postgres(session, "create-db", name)]
-    bin_dir = airflow_env(session, version, "celery" if celery else None)
+        args += ["--database", postgres_database(session, f"demo_celery_{version}")]
+    bin_dir = airflow_venv(session, version, "celery" if celery else None)
     session.run(str(bin_dir / "airflow-heartbeat-fix"), "demo", *args, external=True)
+
+
+#: How the last line counts each junit outcome (parity's reading of a test case): an error is a failure.
+_SUMMARY_KIND = {
+    Outcome.PASSED: "passed",
+    Outcome.FAILED: "failed",
+    Outcome.ERROR: "failed",
+    Outcome.XFAILED: "xfailed",
+    Outcome.SKIPPED: "skipped",
+}
 
 
 def summary(results: Path, report: Path) -> int:
@@ -506,11 +535,7 @@ def summary(results: Path, report: Path) -> int:
     for xml in sorted(results.glob("*.xml")):
         counts = dict.fromkeys(("passed", "failed", "xfailed", "skipped"), 0)
         for case in ET.parse(xml).getroot().iter("testcase"):
-            kinds = {child.tag: child.get("type") for child in case}
-            kind = "failed" if {"failure", "error"} & kinds.keys() else "passed"
-            if "skipped" in kinds:
-                kind = "xfailed" if kinds["skipped"] == "pytest.xfail" else "skipped"
-            counts[kind] += 1
+            counts[_SUMMARY_KIND[actual_outcome(case).outcome]] += 1
         print(f"{xml.stem:26}" + (", ".join(f"{n} {kind}" for kind, n in counts.items() if n) or "no tests"))
         passed, failed = passed + counts["passed"], failed + counts["failed"]
         failing_cells |= {xml.stem} if counts["failed"] else set()

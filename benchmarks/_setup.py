@@ -1,6 +1,6 @@
 """
-What the benchmarks share: a configured Airflow on a given database, a scheduler runner wired as
-``airflow scheduler`` wires it, and Dags whose task instances look the way a hung worker leaves them.
+What the benchmarks share on top of :mod:`testing`: a configured Airflow on a given database, and Dags
+of a given shape whose task instances look the way a hung worker leaves them.
 
 Nothing here is timed or asserted; the benchmark modules measure. Import this module before anything
 from ``airflow``: :func:`configure` has to set the environment first.
@@ -9,10 +9,14 @@ from ``airflow``: :func:`configure` has to set the environment first.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
+
+from testing.dags import ensure_bundle, sync_dag_to_db
+from testing.database import backend, clear, create_postgres_database, task_instance_history
+from testing.environment import configure_airflow
+from testing.scheduler import make_stale
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -27,26 +31,9 @@ TASKS_PER_RUN = 50
 
 def configure(db_url: str) -> None:
     """Point Airflow at ``db_url`` (creating a PostgreSQL database if missing); call before importing it."""
-    home = os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="hbfix-bench-"))
-    os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = db_url
-    os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-    os.environ.setdefault("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
-    os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", os.path.join(home, "dags"))
-    os.makedirs(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], exist_ok=True)
-    if db_url.startswith("postgresql"):
-        _create_pg_database(db_url)
-
-
-def _create_pg_database(db_url: str) -> None:
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    url = make_url(db_url)
-    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        if conn.scalar(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": url.database}) is None:
-            conn.execute(text(f'CREATE DATABASE "{url.database}"'))
-    admin.dispose()
+    configure_airflow(db_url, home_prefix="hbfix-bench-")
+    if backend(db_url) == "postgres":
+        create_postgres_database(db_url)
 
 
 def migrate_database() -> None:
@@ -65,15 +52,6 @@ def become_scheduler() -> type:
 
 def clear_tables() -> None:
     """Empty every table the benchmarks write to, children before parents."""
-    from airflow.utils.session import create_session
-    from sqlalchemy import delete
-
-    for model in _models_to_clear():
-        with create_session() as session:
-            session.execute(delete(model))
-
-
-def _models_to_clear() -> list[Any]:
     from airflow.jobs.job import Job
     from airflow.models.dag import DagModel, DagOwnerAttributes, DagTag
     from airflow.models.dagbundle import DagBundleModel
@@ -83,26 +61,8 @@ def _models_to_clear() -> list[Any]:
     from airflow.models.serialized_dag import SerializedDagModel
     from airflow.models.taskinstance import TaskInstance
 
-    models: list[Any] = [DbCallbackRequest, Log, Job, TaskInstance]
-    try:  # Airflow 3.4 keeps every try in task_instance itself
-        from airflow.models.taskinstancehistory import TaskInstanceHistory
-
-        models.append(TaskInstanceHistory)
-    except ImportError:
-        pass
-    return [*models, DagRun, DagTag, DagOwnerAttributes, SerializedDagModel, DagModel, DagBundleModel]
-
-
-def scheduler_runner(session: Session) -> Any:
-    """The runner ``airflow scheduler`` would build (the reliability tests' harness builds it)."""
-    return harness().new_runner(session)
-
-
-def harness() -> Any:
-    """``tests/purge_race_harness.py``: the one definition of a wired runner and of a hung worker's row."""
-    from tests import purge_race_harness
-
-    return purge_race_harness
+    clear([DbCallbackRequest, Log, Job, TaskInstance, *task_instance_history(), DagRun])
+    clear([DagTag, DagOwnerAttributes, SerializedDagModel, DagModel, DagBundleModel])
 
 
 def _noop_callback(context: Any) -> None:
@@ -111,48 +71,41 @@ def _noop_callback(context: Any) -> None:
 
 @dataclass(frozen=True)
 class DagShape:
-    """A Dag of ``tasks`` empty tasks, with user callbacks on every task and on the Dag."""
+    """A Dag of ``tasks`` empty tasks; with ``callbacks``, user callbacks on every task and on the Dag."""
 
     dag_id: str
     tasks: int
     retries: int = 0
+    callbacks: bool = True
 
 
 def store_dag(shape: DagShape, session: Session) -> Any:
     """Store the Dag as the Dag processor does (Dag, version, serialized); return the scheduler's view."""
-    try:  # 3.2+
-        from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
-    except ImportError:  # 3.1
-        from airflow.models.dagbag import DagBag, sync_bag_to_db  # type: ignore[no-redef,attr-defined]
-    from airflow.models.dagbundle import DagBundleModel
     from airflow.models.serialized_dag import SerializedDagModel
     from airflow.providers.standard.operators.empty import EmptyOperator
     from airflow.sdk import DAG
 
-    if session.get(DagBundleModel, BUNDLE_NAME) is None:
-        session.add(DagBundleModel(name=BUNDLE_NAME))
-        session.commit()
+    ensure_bundle(BUNDLE_NAME, session)
+    callback = _noop_callback if shape.callbacks else None
     with DAG(
         shape.dag_id,
         schedule=None,
         start_date=START,
         max_active_runs=10_000,
         max_active_tasks=100_000,
-        on_failure_callback=_noop_callback,
+        on_failure_callback=callback,
     ) as dag:
         for number in range(shape.tasks):
             EmptyOperator(
                 task_id=f"t{number:04d}",
                 retries=shape.retries,
                 retry_delay=timedelta(0),
-                on_failure_callback=_noop_callback,
-                on_retry_callback=_noop_callback,
+                on_failure_callback=callback,
+                on_retry_callback=callback,
             )
     dag.fileloc = DAG_FILE
     dag.relative_fileloc = os.path.basename(DAG_FILE)
-    bag = DagBag(collect_dags=False)
-    bag.bag_dag(dag)
-    sync_bag_to_db(bag, BUNDLE_NAME, None, session=session)
+    sync_dag_to_db(dag, BUNDLE_NAME, None, session)
     session.commit()
     stored = SerializedDagModel.get(shape.dag_id, session=session)
     if stored is None:
@@ -201,4 +154,4 @@ def stale_task_instances(
     tasks = min(n, TASKS_PER_RUN)
     dag = store_dag(DagShape(dag_id, tasks, retries), session)
     create_runs(dag, -(-n // tasks), session)
-    return len(harness().make_stale(task_instances(dag_id, session), runner, session))
+    return len(make_stale(task_instances(dag_id, session), runner, session))

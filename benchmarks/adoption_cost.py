@@ -26,6 +26,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from benchmarks import _setup
+from testing.scheduler import StatementCounter
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -98,7 +99,7 @@ def measure(n: int, kind: str) -> dict[str, Any]:
         )
         session.commit()
         dead_id, own_id = dead.id, runner.job.id
-    counter = _setup.harness().StatementCounter()
+    counter = StatementCounter()
     error = None
     try:
         with counter.counting():

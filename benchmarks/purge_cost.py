@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks import _setup
+from testing.scheduler import StatementCounter, make_stale, new_runner
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -82,9 +83,9 @@ def measure_purge(n: int, retries: int, *, memory: bool) -> dict[str, Any]:
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        runner = _setup.scheduler_runner(session)
+        runner = new_runner(session)
         created = _setup.stale_task_instances(runner, n, session, retries=retries)
-    counter = _setup.harness().StatementCounter()
+    counter = StatementCounter()
     error = None
     if memory:
         tracemalloc.start()
@@ -145,16 +146,16 @@ def measure_idle() -> dict[str, Any]:
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        runner = _setup.scheduler_runner(session)
+        runner = new_runner(session)
         dag = _setup.store_dag(_setup.DagShape("bench_idle", 1), session)
         _setup.create_runs(dag, IDLE_RUNS, session)
         running = _setup.task_instances("bench_idle", session)
-        _setup.harness().make_stale(running, runner, session)
+        make_stale(running, runner, session)
         _set_columns("bench_idle", session, last_heartbeat_at=datetime.now(tz=timezone.utc))
         _unpause("bench_idle", session)
     for _ in range(2):  # warm caches (Dag bag, compiled statements) before counting
         _scheduling_loop(runner)
-    counter = _setup.harness().StatementCounter()
+    counter = StatementCounter()
     started = time.perf_counter()
     with counter.counting():
         for _ in range(IDLE_LOOPS):
@@ -176,12 +177,12 @@ def measure_storm() -> dict[str, Any]:
     from sqlalchemy import func, select
 
     with create_session() as session:
-        runner = _setup.scheduler_runner(session)
+        runner = new_runner(session)
         dag = _setup.store_dag(_setup.DagShape("bench_storm", 1), session)
         _setup.create_runs(dag, STORM_RUNS, session)
         _set_columns("bench_storm", session, state=TaskInstanceState.FAILED)
         _unpause("bench_storm", session)
-    counter = _setup.harness().StatementCounter()
+    counter = StatementCounter()
     loops, error = 0, None
     started = time.perf_counter()
     with counter.counting():
@@ -290,8 +291,8 @@ def spawn(python: str, mode: str, argv: list[str]) -> dict[str, Any]:
 
 
 @dataclass
-class Cell:
-    """Every repeat of one measurement of one mode."""
+class Repeats:
+    """Every repeat of one measurement of one mode (stock or fixed), each a fresh process's result."""
 
     results: list[dict[str, Any]] = field(default_factory=list)
     memory: int | None = None
@@ -316,27 +317,27 @@ def measure_version(args: argparse.Namespace) -> dict[str, Any]:
     spawn(python, "fixed", ["--child", "prepare", *common])
     for n in args.n:
         for retries in args.retries:
-            cells = {mode: Cell() for mode in MODES}
+            by_mode = {mode: Repeats() for mode in MODES}
             argv = ["--child", "purge", "--n", str(n), "--retries", str(retries), *common]
             for repeat in range(args.repeats):
                 for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
-                    cells[mode].results.append(spawn(python, mode, argv))
+                    by_mode[mode].results.append(spawn(python, mode, argv))
                     _progress(f"{version} {args.db} purge n={n} retries={retries} {mode} #{repeat + 1}")
             if not args.no_memory:
                 for mode in MODES:
-                    cells[mode].memory = spawn(python, mode, [*argv, "--memory"])["peak_bytes"]
+                    by_mode[mode].memory = spawn(python, mode, [*argv, "--memory"])["peak_bytes"]
             out["purge"].append(
-                {"n": n, "retries": retries, **{mode: _summary(cell) for mode, cell in cells.items()}}
+                {"n": n, "retries": retries, **{mode: _summary(repeats) for mode, repeats in by_mode.items()}}
             )
     for what in ("idle", "storm"):
         if what not in args.scenarios:
             continue
-        cells = {mode: Cell() for mode in MODES}
+        by_mode = {mode: Repeats() for mode in MODES}
         for repeat in range(max(1, args.repeats // 2)):
             for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
-                cells[mode].results.append(spawn(python, mode, ["--child", what, *common]))
+                by_mode[mode].results.append(spawn(python, mode, ["--child", what, *common]))
                 _progress(f"{version} {args.db} {what} {mode} #{repeat + 1}")
-        out[what] = {mode: _summary(cell) for mode, cell in cells.items()}
+        out[what] = {mode: _summary(repeats) for mode, repeats in by_mode.items()}
     return out
 
 
@@ -344,20 +345,20 @@ def measure_version(args: argparse.Namespace) -> dict[str, Any]:
 _PER_REPEAT = {"wall", "cpu", "error", "peak_bytes", "version", "fixed"}
 
 
-def _summary(cell: Cell) -> dict[str, Any]:
-    walls = cell.walls()
-    cpus = [r["cpu"] for r in cell.results if "cpu" in r and not r.get("error")]
-    first = cell.results[0]
+def _summary(repeats: Repeats) -> dict[str, Any]:
+    walls = repeats.walls()
+    cpus = [r["cpu"] for r in repeats.results if "cpu" in r and not r.get("error")]
+    first = repeats.results[0]
     return {
         "wall_median": statistics.median(walls) if walls else None,
         "wall_min": min(walls) if walls else None,
         "wall_max": max(walls) if walls else None,
         "cpu_median": statistics.median(cpus) if cpus else None,
         "repeats": len(walls),
-        "error": cell.error(),
-        "peak_bytes": cell.memory,
+        "error": repeats.error(),
+        "peak_bytes": repeats.memory,
         **{k: v for k, v in first.items() if k not in _PER_REPEAT},
-        "converged": all(_converged(r) for r in cell.results) if "left_running" in first else None,
+        "converged": all(_converged(r) for r in repeats.results) if "left_running" in first else None,
     }
 
 
@@ -431,10 +432,10 @@ def loop_table(versions: list[dict[str, Any]]) -> str:
     )  # fmt: skip
     for report in versions:
         for what in ("idle", "storm"):
-            cells = report.get(what)
-            if not cells:
+            by_mode = report.get(what)
+            if not by_mode:
                 continue
-            stock, fixed = cells["stock"], cells["fixed"]
+            stock, fixed = by_mode["stock"], by_mode["fixed"]
             ratio = (
                 f"{fixed['wall_median'] / stock['wall_median']:.2f}"
                 if stock["wall_median"] and fixed["wall_median"]
@@ -448,7 +449,7 @@ def loop_table(versions: list[dict[str, Any]]) -> str:
                 notes = "; ".join(
                     f"{mode}: {c['loops']} loops, {c['dag_callbacks']} callbacks"
                     + (f", {c['error'][:50]}" if c["error"] else "")
-                    for mode, c in cells.items()
+                    for mode, c in by_mode.items()
                 )
             lines.append(
                 f"| {report['version']} | {report['db']} | {label} | {stock['statements']:g} "

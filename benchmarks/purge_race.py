@@ -1,5 +1,5 @@
 """
-Stress benchmark: heartbeat-timeout purges racing workers that report SUCCESS (issue 9).
+Stress benchmark: heartbeat-timeout purges racing workers that report SUCCESS.
 
     python -m benchmarks.purge_race --db postgresql+psycopg://USER:PASSWORD@HOST/DB [--rounds 10]
 
@@ -7,7 +7,7 @@ Run it with the Python of the Airflow to measure (``.venvs/airflow-<version>/bin
 repository root. It RESETS the database given with ``--db`` (``airflow db reset``): use a throwaway
 one. Each round builds ``--tis`` timed-out task instances in one Dag run and purges them while
 ``--workers`` threads report SUCCESS for about ``--share`` of them at random moments of the pass (the
-scenario of ``tests/purge_race_harness.py``), once on stock Airflow and once fixed, interleaved. It
+scenario of ``testing/purge_race.py``), once on stock Airflow and once fixed, interleaved. It
 prints, per mode, the task instances purged, the successes workers were told, the successes lost
 (overwritten by the purge), the failure callbacks sent for tasks whose worker was told SUCCESS, any
 other inconsistency, and deadlocks; then the statements and commits per task instance of one pass
@@ -20,15 +20,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+from benchmarks import _setup
+from testing.database import backend
+from testing.environment import configure_airflow
+from testing.purge_race import random_finishes
+from testing.scheduler import make_stale, measured_pass, new_runner
+
 MODES = ("stock", "fixed")
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -66,25 +68,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args.modes = [mode for mode in args.modes.split(",") if mode]
     if unknown := set(args.modes) - set(MODES):
         parser.error(f"unknown modes {sorted(unknown)}")
-    if not args.db.startswith("postgresql"):
+    if backend(args.db) != "postgres":
         parser.error("--db must be PostgreSQL: SQLite has no row locks and cannot run concurrent writers")
     return args
 
 
 def _configure_airflow(args: argparse.Namespace) -> None:
-    """Environment for Airflow, set before it is imported (as tests/conftest.py does)."""
-    home = os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="hbfix-bench-"))
-    os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = args.db
-    os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-    os.environ.setdefault("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
-    os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", os.path.join(home, "dags"))
-    os.makedirs(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], exist_ok=True)
+    """Environment for Airflow, set before it is imported."""
+    configure_airflow(args.db, home_prefix="hbfix-bench-")
     if not args.verbose:
         # The purge logs every task instance it fails; at 300 per round that is the slowest part.
         os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "CRITICAL"
-    # The tests' stand-in for upstream's tests_common builds Dags and runs as the tests do.
-    sys.path.insert(0, str(REPO_ROOT))
-    sys.path.insert(0, str(REPO_ROOT / "tests" / "_stand_in"))
 
 
 def _use(mode: str) -> None:
@@ -98,41 +92,28 @@ def _use(mode: str) -> None:
 
 
 def _round(mode: str, index: int, args: argparse.Namespace, totals: Totals) -> None:
-    from airflow.models.db_callback_request import DbCallbackRequest
-    from airflow.providers.standard.operators.empty import EmptyOperator
     from airflow.utils.session import create_session
-    from sqlalchemy import delete
-    from tests_common.pytest_plugin import DagMaker
-    from tests_common.test_utils.db import clear_db_jobs, clear_db_logs
-
-    from tests import purge_race_harness as harness
 
     _use(mode)
-    maker = DagMaker(SimpleNamespace(module=sys.modules[__name__]))  # type: ignore[arg-type]
     try:
         # Statement counts are the same every round: one pass with nothing racing it is enough.
         for kind in ("race", "clean") if index == 0 else ("race",):
             with create_session() as session:
-                with maker(dag_id=f"purge_race_{mode}_{kind}_{index}", schedule=None, session=session):
-                    for task in range(args.tis):
-                        EmptyOperator(task_id=f"hung_{task:04d}")
-                dag_run = maker.create_dagrun()
-                runner = harness.new_runner(session)
-                ti_ids = harness.make_stale(dag_run.get_task_instances(session=session), runner, session)
+                dag_id = f"purge_race_{mode}_{kind}_{index}"
+                dag = _setup.store_dag(_setup.DagShape(dag_id, args.tis, callbacks=False), session)
+                _setup.create_runs(dag, 1, session)
+                runner = new_runner(session)
+                ti_ids = make_stale(_setup.task_instances(dag_id, session), runner, session)
                 if kind == "race":
                     started = time.monotonic()
-                    result = harness.random_finishes(
+                    result = random_finishes(
                         runner, ti_ids, session, workers=args.workers, share=args.share, seed=index
                     )
                     totals.add(result, time.monotonic() - started)
                 else:
-                    totals.clean_passes.append(harness.measured_pass(runner))
+                    totals.clean_passes.append(measured_pass(runner))
     finally:
-        maker.cleanup()
-        clear_db_jobs()
-        clear_db_logs()
-        with create_session() as session:
-            session.execute(delete(DbCallbackRequest))
+        _setup.clear_tables()
 
 
 def _report(version: str, args: argparse.Namespace, totals: dict[str, Totals]) -> str:

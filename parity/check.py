@@ -11,7 +11,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from airflow_heartbeat_fix.detection import FixState
-from parity.expectations import SWEEP_DBS
+from parity.expectations import base_node
 
 if TYPE_CHECKING:
     import xml.etree.ElementTree as ET
@@ -72,11 +72,7 @@ class Verdict:
 
 def matrix_cells(expectations: Expectations) -> list[Cell]:
     """Every db x mode of ``[matrix].versions``, then the sweep: ``[matrix].sweep`` on the sweep's dbs."""
-    full = [
-        Cell(v, d, m) for v in expectations.versions for d in expectations.dbs for m in expectations.modes
-    ]
-    sweep = [Cell(v, d, m) for v in expectations.sweep for d in SWEEP_DBS for m in expectations.modes]
-    return full + sweep
+    return [Cell(*cell) for cell in expectations.cells()]
 
 
 def expected_outcome(expectations: Expectations, node: str, cell: Cell) -> Result:
@@ -234,10 +230,6 @@ class Report:
         return not self.differences()
 
 
-def _base(node: str) -> str:
-    return node.split("[", 1)[0]
-
-
 def build_report(
     expectations: Expectations,
     results: dict[Cell, dict[str, Result]],
@@ -261,10 +253,10 @@ def build_report(
     ]
     # A parametrized test declared once (without parameters) gets a row per parametrization that ran.
     nodes = [node for node in seen if expectations.for_node(node) is not None]
-    ran = {_base(node) for node in nodes}
+    ran = {base_node(node) for node in nodes}
     nodes += [n for n in expectations.tests if n not in nodes and ("[" in n or n not in ran)]
-    order = {base: i for i, base in enumerate(dict.fromkeys(map(_base, expectations.tests)))}
-    nodes.sort(key=lambda node: order.get(_base(node), len(order)))  # stable: run order within a test
+    order = {base: i for i, base in enumerate(dict.fromkeys(map(base_node, expectations.tests)))}
+    nodes.sort(key=lambda node: order.get(base_node(node), len(order)))  # stable: run order within a test
 
     rows = []
     for node in nodes:

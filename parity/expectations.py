@@ -95,6 +95,15 @@ class Expectations:
         """Every release the suite is run on: the full matrix's, then the sweep's."""
         return self.versions + self.sweep
 
+    def cells(self) -> list[tuple[str, str, str]]:
+        """Every (release, db, mode) the suite runs in: ``versions`` on every db, the sweep on SWEEP_DBS."""
+        full = [(v, d, m) for v in self.versions for d in self.dbs for m in self.modes]
+        return full + [(v, d, m) for v in self.sweep for d in SWEEP_DBS for m in self.modes]
+
+    def swept_nodes(self) -> list[str]:
+        """The declared tests a sweep release runs (:data:`SWEEP_RULE`)."""
+        return [node for node, entry in self.tests.items() if _swept(entry)]
+
     def for_node(self, nodeid: str) -> TestExpectation | None:
         """The entry for ``nodeid``: its parametrized entry, if any, already merged over its base entry."""
         if nodeid in self.tests:
@@ -115,14 +124,18 @@ class Expectations:
         entry = self.for_node(nodeid)
         if entry is None:
             return None
-        if version in self.sweep and not entry.catches:
+        if version in self.sweep and not _swept(entry):
             return SWEEP_RULE
         return next((na.reason for na in entry.not_applicable if na.covers(version, db, mode, extras)), None)
 
     def left_out_of_sweep(self, nodeid: str, version: str) -> bool:
         """Whether ``version`` is a sweep release whose cells leave ``nodeid`` out (:data:`SWEEP_RULE`)."""
-        entry = self.for_node(nodeid)
-        return version in self.sweep and (entry is None or not entry.catches)
+        return version in self.sweep and not _swept(self.for_node(nodeid))
+
+
+def _swept(entry: TestExpectation | None) -> bool:
+    """:data:`SWEEP_RULE`: whether a sweep release runs the test ``entry`` declares."""
+    return entry is not None and bool(entry.catches)
 
 
 def disagreements_with_detection(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from parity.expectations import base_node
+
 if TYPE_CHECKING:
     from parity.check import Report
     from parity.expectations import Expectations
@@ -15,7 +17,7 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 def _note_owner(node: str, expectations: Expectations) -> str:
     """A parametrization that inherits its test's note: the note is shown once, on the test."""
-    base, own = expectations.tests.get(node.split("[")[0]), expectations.for_node(node)
+    base, own = expectations.tests.get(base_node(node)), expectations.for_node(node)
     if base is not None and own is not None and base.upstream_note == own.upstream_note:
         return base.node
     return node

@@ -17,17 +17,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-_home = os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="hbfix-home-"))
-os.environ.setdefault("HEARTBEAT_FIX_TEST_DB_URL", f"sqlite:///{_home}/airflow.db")
-os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = os.environ["HEARTBEAT_FIX_TEST_DB_URL"]
-os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-os.environ.setdefault("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
-os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", os.path.join(_home, "dags"))
-os.makedirs(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], exist_ok=True)
+from testing.environment import airflow_home, configure_airflow
+
+_home = airflow_home("hbfix-home-")
+configure_airflow(os.environ.setdefault("HEARTBEAT_FIX_TEST_DB_URL", f"sqlite:///{_home}/airflow.db"))
 
 if importlib.util.find_spec("tests_common") is None:
     sys.path.insert(0, str(Path(__file__).with_name("_stand_in")))

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import airflow_heartbeat_fix
 from airflow_heartbeat_fix import activation, provider_info
 from airflow_heartbeat_fix.detection import FixState
+from testing.processes import run_in_group
+
+if TYPE_CHECKING:
+    import subprocess
 
 # Every test here runs its Airflow processes with the switch it needs, whatever the cell's mode.
 #: What activation does (the switch, the start line, the wrapper, status) does not depend on the metadata
@@ -32,13 +32,8 @@ def _run(
     argv: list[str], *, enabled: bool | str, timeout: int = 240, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """
-    Run an Airflow command and wait for *it* to exit, not for every process it forked.
-
-    Output goes to files rather than pipes: a leftover child (an executor worker) holding an inherited
-    pipe would keep ``communicate()`` waiting long after the command itself exited. The command runs in
-    its own session, killed as a group afterwards. If it hangs, ``PYTHONFAULTHANDLER`` plus SIGABRT sent
-    to the whole group dumps every thread's stack, the command's and its children's, into the failure
-    message.
+    Run an Airflow command in a process group of its own and wait for *it* to exit, not for every
+    process it forked. A hang fails the test with every thread's stack (``PYTHONFAULTHANDLER``).
     """
     env = {
         **os.environ,
@@ -48,30 +43,15 @@ def _run(
         # One LocalExecutor worker. Stock LocalExecutor.end() (3.2.2 to 3.4.0b2) puts one shutdown message
         # per worker it sees alive, checking each worker while earlier messages are already being taken:
         # a worker that took one and exited before the loop reaches it is skipped, so one message too few
-        # is sent and end() joins the last idle worker forever (about once in 15 runs on 2 busy cores).
+        # is sent and end() joins the last idle worker forever (an intermittent hang on a busy machine).
         # Executor shutdown is not what these tests check; with one worker the race cannot happen.
         "AIRFLOW__CORE__PARALLELISM": "1",
     }
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True)
-        try:
-            proc.wait(timeout=timeout)
-            hung = False
-        except subprocess.TimeoutExpired:
-            hung = True
-            os.killpg(proc.pid, signal.SIGABRT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=30)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
+    result, hung = run_in_group(argv, env, timeout)
     if hung:
-        pytest.fail(f"{argv} hung for {timeout}s\n--- stdout ---\n{stdout[-3000:]}\n--- stderr ---\n{stderr}")
-    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+        output = f"--- stdout ---\n{result.stdout[-3000:]}\n--- stderr ---\n{result.stderr}"
+        pytest.fail(f"{argv} hung for {timeout}s\n{output}")
+    return result
 
 
 def _needed_fixes() -> list[str]:

@@ -1,9 +1,9 @@
 """
-The session-preserving sink's contract, case by case (issue 9, item 4).
+The session-preserving sink's contract, case by case.
 
-The mirrored sink tests (seed 003) live in ``tests/unit/jobs/test_scheduler_job.py``; these are the
-package's own: which unit of work ``send`` joins when it is given a session, when it is not and the
-scheduler loop's transaction is open, and when it is not and no such transaction is open.
+The mirrored sink tests live in ``tests/unit/jobs/test_scheduler_job.py`` (``send`` with a session uses
+that session there); these are the package's own: which unit of work ``send`` joins without a session,
+when the scheduler loop's transaction is open and when no such transaction is open.
 """
 
 from __future__ import annotations
@@ -61,14 +61,6 @@ class TestSinkContract:
         clear()
         yield
         clear()
-
-    def test_with_session_adds_to_it_and_leaves_the_commit(self, session: Session) -> None:
-        with create_session(scoped=False) as caller:
-            _sink().send(_dag_request("with_session"), session=caller)
-            assert [type(obj) for obj in caller.new] == [DbCallbackRequest]
-            assert not any(isinstance(obj, DbCallbackRequest) for obj in session.new)
-            caller.rollback()
-        assert _stored_dag_ids(session) == []
 
     def test_without_session_joins_the_scheduler_loops_transaction(self, session: Session) -> None:
         session.add(Log(event=PROBE_EVENT))

@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from testing.dags import ensure_bundle, sync_dag_to_db
+from testing.database import backend
+
 if TYPE_CHECKING:
     from collections.abc import Iterator, MutableMapping
 
@@ -38,9 +41,7 @@ _NOTSET: Any = object()
 
 def current_backend() -> str:
     """``sqlite``, ``postgres`` or ``mysql``: the backend of the configured metadata database."""
-    url = os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "sqlite://")
-    scheme = url.split(":", 1)[0].split("+", 1)[0]
-    return {"postgresql": "postgres"}.get(scheme, scheme)
+    return backend(os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "sqlite://"))
 
 
 def _wrong_backend(item: pytest.Item, backend: str) -> bool:
@@ -101,7 +102,6 @@ class DagMaker:
         **kwargs: Any,
     ) -> DagMaker:
         from airflow import settings
-        from airflow.models.dagbundle import DagBundleModel
         from airflow.sdk import DAG
 
         scoped_session: Any = settings.Session  # the thread's scoped session, as upstream takes it
@@ -119,9 +119,7 @@ class DagMaker:
         self.dag.relative_fileloc = relative_fileloc or Path(module_file).name
         self.bundle_name = bundle_name or "dag_maker"
         self.bundle_version = bundle_version
-        if self.session.get(DagBundleModel, self.bundle_name) is None:
-            self.session.add(DagBundleModel(name=self.bundle_name))
-            self.session.commit()
+        ensure_bundle(self.bundle_name, self.session)
         return self
 
     def __enter__(self) -> Any:
@@ -146,22 +144,7 @@ class DagMaker:
 
     def sync_dag_to_db(self) -> None:
         """Store the Dag as the Dag processor does: bag it and sync the bag (Dag, version, serialized)."""
-        try:  # 3.2+
-            from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
-        except ImportError:  # 3.0/3.1
-            from airflow.models.dagbag import DagBag  # type: ignore[no-redef,attr-defined]
-
-            try:  # 3.1
-                from airflow.models.dagbag import sync_bag_to_db  # type: ignore[no-redef,attr-defined]
-            except ImportError:  # 3.0: a method of the bag
-
-                def sync_bag_to_db(dagbag: Any, *args: Any, **kwargs: Any) -> None:
-                    dagbag.sync_to_db(*args, **kwargs)
-
-        dagbag = DagBag(collect_dags=False)
-        dagbag.bag_dag(self.dag)
-        sync_bag_to_db(dagbag, self.bundle_name, self.bundle_version, session=self._session)
-        self._session.flush()
+        sync_dag_to_db(self.dag, self.bundle_name, self.bundle_version, self._session)
         if self.dag.dag_id not in self._made:
             self._made.append(self.dag.dag_id)
 

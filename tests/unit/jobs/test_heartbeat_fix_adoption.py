@@ -28,7 +28,6 @@ import json
 import re
 import threading
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -50,7 +49,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm.exc import DetachedInstanceError
 from tests_common.test_utils.db import clear_db_dags, clear_db_jobs, clear_db_logs, clear_db_runs
 
-from tests import purge_race_harness as harness
+from testing import killed_scheduler as harness
 from tests.unit.jobs.test_scheduler_job import _archives_tries, _scheduler_runner
 
 if TYPE_CHECKING:
@@ -60,7 +59,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
     from tests_common.pytest_plugin import DagMaker
 
-    from airflow_heartbeat_fix.demo.processes import Component, Processes
+    from testing.processes import GroupedProcess
 
 pytestmark = pytest.mark.db_test
 
@@ -423,48 +422,44 @@ def _orphans_left(job_id: int) -> int:
     return len(rows)
 
 
-def _how_it_ended(procs: Processes, scheduler: Component, dead_job_id: int) -> str | None:
+def _how_it_ended(scheduler: GroupedProcess, dead_job_id: int) -> str | None:
     """
     ``scheduler``'s loop crash as it logged it, or its exit; ``None`` once it has outlived the dead job's
     orphans by :data:`STAY_UP_SECONDS`. A crashed scheduler's process group is killed at once: its
     KubernetesExecutor would wait 20 s for the watcher process, which ignores SIGTERM, before it exits.
     """
-    from airflow_heartbeat_fix.demo.report import find_scheduler_crash
-
     deadline, settled_at = time.monotonic() + harness.RESTART_TIMEOUT, None
     while time.monotonic() < deadline:
-        if crash := find_scheduler_crash(scheduler.read_log()):
-            scheduler.kill_group()
+        if crash := harness.loop_crash(scheduler.read_log()):
+            scheduler.kill()
             return f"crashed: {crash}"
-        if (code := scheduler.exit_code()) is not None:
+        if (code := scheduler.popen.poll()) is not None:
             return f"exited with code {code}"
         if settled_at is None and not _orphans_left(dead_job_id):
             settled_at = time.monotonic()
         if settled_at is not None and time.monotonic() - settled_at >= STAY_UP_SECONDS:
             return None
-        procs.track()
         time.sleep(0.2)
     raise TimeoutError(
         f"{scheduler.name} neither ended nor dealt with the orphans in {harness.RESTART_TIMEOUT:.0f}s:\n"
-        + harness.tail(scheduler)
+        + scheduler.tail()
     )
 
 
 def _start_over_orphans(
-    procs: Processes, home: Path, dead_job_id: int, config: dict[str, str], *, fix_enabled: bool
+    started: list[GroupedProcess], home: Path, dead_job_id: int, config: dict[str, str], *, fix_enabled: bool
 ) -> list[SchedulerStart]:
     """Up to :data:`STARTS` ``airflow scheduler`` processes, each started once the one before has ended."""
     starts: list[SchedulerStart] = []
     known = {dead_job_id}
     for number in range(1, STARTS + 1):
         began = time.monotonic()
-        scheduler = harness.start_scheduler(
-            procs, f"scheduler-{number}", home, fix_enabled=fix_enabled, **config
-        )
-        job_id = harness.scheduler_job(procs, scheduler, known=known)
+        scheduler = harness.start_scheduler(f"scheduler-{number}", home, fix_enabled=fix_enabled, **config)
+        started.append(scheduler)
+        job_id = harness.scheduler_job(scheduler, known=known)
         known.add(job_id)
         harness.check_activation(scheduler, fix_enabled)
-        ended = _how_it_ended(procs, scheduler, dead_job_id)
+        ended = _how_it_ended(scheduler, dead_job_id)
         seconds = time.monotonic() - began
         starts.append(SchedulerStart(job_id, ended, "Traceback" in scheduler.read_log(), seconds))
         if ended is None:
@@ -621,7 +616,6 @@ class TestSchedulerJob:
         stock crashes both times, the orphans untouched (a crash loop).
         """
         from airflow_heartbeat_fix.activation import is_enabled
-        from airflow_heartbeat_fix.demo.processes import Processes
 
         dead_job.state = JobState.RUNNING  # killed before it could mark itself failed
         by_id = {ti.task_id: ti for ti in orphans}
@@ -632,7 +626,7 @@ class TestSchedulerJob:
         cluster = FakeCluster()
         cluster.add_worker_pod(by_id["adopt_0"], dead_job.id)
         cluster.add_worker_pod(by_id["adopt_1"], dead_job.id, phase="Pending")
-        procs = Processes(marker=f"hbfix-k8s-{uuid.uuid4()}")
+        started: list[GroupedProcess] = []
         with FakeKubernetesApi(cluster) as api:
             kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
             config = {
@@ -643,9 +637,10 @@ class TestSchedulerJob:
                 "AIRFLOW__KUBERNETES_EXECUTOR__NAMESPACE": "default",
             }
             try:
-                starts = _start_over_orphans(procs, tmp_path, dead_job.id, config, fix_enabled=is_enabled())
+                starts = _start_over_orphans(started, tmp_path, dead_job.id, config, fix_enabled=is_enabled())
             finally:
-                procs.stop_all()
+                for scheduler in started:
+                    scheduler.stop()
         owners = {pod.metadata.name: pod.metadata.labels["airflow-worker"] for pod in cluster.pods}
         summary = "; ".join(
             [

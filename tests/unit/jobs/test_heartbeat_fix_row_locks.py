@@ -1,12 +1,12 @@
 """
-The heartbeat-timeout purge against concurrent workers and schedulers, on PostgreSQL (issue 9).
+The heartbeat-timeout purge against concurrent workers and schedulers, on PostgreSQL.
 
 Beyond upstream: ``handle_failure`` commits per task instance and so releases the scan's row locks
 on the rest of the batch, and the re-check before each task instance's side effects reads without a
-lock; upstream names this a known issue (seed 003). ``locked_purge_revalidation`` re-locks each task
+lock; upstream names this a known issue. ``locked_purge_revalidation`` re-locks each task
 instance and re-validates it under that lock through its own commit. Each test races real Airflow
 code against another actor with its own database connection, in a fixed interleaving
-(``tests/purge_race_harness.py``: the purge stops right before a task instance's side effects, lets
+(``testing/purge_race.py``: the purge stops right before a task instance's side effects, lets
 the other actor go, and goes on once that actor has finished or waits for a row lock). Row locks
 need PostgreSQL: SQLite has none.
 
@@ -37,7 +37,9 @@ from airflow_heartbeat_fix import scheduler as scheduler_module
 from airflow_heartbeat_fix.activation import is_enabled
 from airflow_heartbeat_fix.detection import PURGE_FIX, FixState
 from airflow_heartbeat_fix.scheduler import _typed_task_callbacks, changed_since_scan
-from tests import purge_race_harness as harness
+from testing import purge_race
+from testing.killed_scheduler import kill_scheduler_mid_purge
+from testing.scheduler import make_stale, new_runner
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -73,7 +75,7 @@ def clean_db() -> Iterator[None]:
 class TestHeartbeatPurgeRowLocks:
     @pytest.fixture
     def runner(self, session: Session) -> Any:
-        return harness.new_runner(session)
+        return new_runner(session)
 
     @pytest.fixture
     def stale_batch(self, dag_maker: DagMaker, runner: Any, session: Session) -> list[Any]:
@@ -82,7 +84,7 @@ class TestHeartbeatPurgeRowLocks:
             for index in range(BATCH):
                 EmptyOperator(task_id=f"hung_{index}")
         dag_run = dag_maker.create_dagrun()
-        return harness.make_stale(dag_run.get_task_instances(session=session), runner, session)
+        return make_stale(dag_run.get_task_instances(session=session), runner, session)
 
     @pytest.mark.parametrize(
         "k", [pytest.param(0, id="first"), pytest.param(1, id="second"), pytest.param(BATCH - 1, id="last")]
@@ -95,9 +97,9 @@ class TestHeartbeatPurgeRowLocks:
         it. Told SUCCESS, the try must end SUCCESS with no failure callback; refused, it must end failed
         with exactly one callback. Every other task instance: failed, one callback.
         """
-        results = harness.worker_finishes_kth(runner, stale_batch, k, session)
+        results = purge_race.worker_finishes_kth(runner, stale_batch, k, session)
 
-        assert harness.problems(results) == []
+        assert purge_race.problems(results) == []
 
     def test_two_schedulers_send_one_callback_per_try(
         self, runner: Any, stale_batch: list[Any], session: Session
@@ -106,11 +108,11 @@ class TestHeartbeatPurgeRowLocks:
         Split brain: a second scheduler scanning the same job's task instances runs a whole pass while
         the first is about to fail its second task instance. Exactly one callback per try.
         """
-        other = harness.new_runner(session, job_id=runner.job.id)
+        other = new_runner(session, job_id=runner.job.id)
 
-        results = harness.two_schedulers(runner, other, stale_batch, session)
+        results = purge_race.two_schedulers(runner, other, stale_batch, session)
 
-        assert harness.problems(results) == []
+        assert purge_race.problems(results) == []
 
     def test_failed_commit_keeps_callback_and_state_together(
         self, runner: Any, stale_batch: list[Any], session: Session
@@ -120,11 +122,11 @@ class TestHeartbeatPurgeRowLocks:
         stored without its state change, or the reverse; the next pass converges with one callback
         per try.
         """
-        error, half_done, results = harness.commit_fails_for_kth(runner, stale_batch, 1, session)
+        error, half_done, results = purge_race.commit_fails_for_kth(runner, stale_batch, 1, session)
 
         assert isinstance(error, OperationalError), "the injected commit failure never happened"
         assert half_done == []
-        assert harness.problems(results) == []
+        assert purge_race.problems(results) == []
 
     def test_connection_killed_mid_purge_keeps_callback_and_state_together(
         self, runner: Any, stale_batch: list[Any], session: Session
@@ -133,13 +135,13 @@ class TestHeartbeatPurgeRowLocks:
         ``pg_terminate_backend`` of the scheduler's connection right after the second task instance's
         callback was handed to the sink. Same guarantees as a failed commit.
         """
-        error, half_done, results = harness.connection_killed_after_callback_for_kth(
+        error, half_done, results = purge_race.connection_killed_after_callback_for_kth(
             runner, stale_batch, 1, session
         )
 
         assert isinstance(error, OperationalError), "the purge never noticed its connection was gone"
         assert half_done == []
-        assert harness.problems(results) == []
+        assert purge_race.problems(results) == []
 
 
 #: Task instances a real scheduler is purging when it is killed: enough that its purge takes a while
@@ -169,7 +171,7 @@ class TestSchedulerKilledMidPurge:
         session.execute(update(DagModel).where(DagModel.dag_id == dag_run.dag_id).values(is_paused=True))
         session.commit()
 
-        result = harness.kill_scheduler_mid_purge(
+        result = kill_scheduler_mid_purge(
             dag_run.get_task_instances(session=session),
             session,
             home=tmp_path,
@@ -208,12 +210,12 @@ class TestPurgeMetrics:
         lock's re-validation skips that one (``skipped_changed``, every release); the other converges,
         counted as ``converged`` where the backported purge runs (upstream's own purge counts nothing).
         """
-        runner = harness.new_runner(session)
+        runner = new_runner(session)
         with dag_maker(dag_id=self.DAG_ID, schedule=None, session=session):
             EmptyOperator(task_id="hung")
             EmptyOperator(task_id="revived")
         dag_run = dag_maker.create_dagrun()
-        harness.make_stale(dag_run.get_task_instances(session=session), runner, session)
+        make_stale(dag_run.get_task_instances(session=session), runner, session)
         found = runner._find_task_instances_without_heartbeats(session=session)
         session.commit()  # the scan's transaction ends, so the worker's commit can land
         with create_session(scoped=False) as worker:

@@ -318,7 +318,7 @@ class TestSchedulerJob:
         session.commit()
         return dag_run
 
-    # -- The converged heartbeat-timeout purge (seed 000; duplicate callbacks on Airflow 3.2/3.3) ------
+    # -- The converged heartbeat-timeout purge (closes apache/airflow#42553; duplicates on 3.2/3.3) ----
 
     @pytest.mark.parametrize("retries", [pytest.param(0, id="no_retries"), pytest.param(1, id="retryable")])
     def test_heartbeat_timeout_converges_ti_state_before_next_scan(self, dag_maker, session, retries):
@@ -513,7 +513,7 @@ class TestSchedulerJob:
 
         assert len(_task_callbacks(session, ti, try_number=1)) == 1
 
-    # -- Paths that crashed with UniqueViolation (seed 003; Airflow 3.4 betas) ------------------------
+    # -- Paths that crashed with UniqueViolation (the sink fix; Airflow 3.4 betas) ---------------------
 
     def test_heartbeat_timeout_with_retries_does_not_crash_scheduler(self, dag_maker, session):
         """Any retryable task whose worker stops heartbeating: no callback needs to be configured."""
@@ -601,7 +601,7 @@ class TestSchedulerJob:
         assert [(r.dag_id, r.is_failure_callback) for r in stored] == [(dag_run.dag_id, True)]
         assert session.scalar(select(DagRun.state).where(DagRun.id == dag_run.id)) == DagRunState.FAILED
 
-    # -- The callback sink itself (seed 003) ----------------------------------------------------------
+    # -- The callback sink itself (the sink fix) -------------------------------------------------------
 
     @staticmethod
     def _dag_request(dag_id: str = "sink_dag") -> DagCallbackRequest:

@@ -5,7 +5,7 @@ Each empties its tables in its own committed session, as upstream's do.
 
 from __future__ import annotations
 
-from sqlalchemy import delete
+from testing.database import clear, task_instance_history
 
 
 def clear_db_runs() -> None:
@@ -14,43 +14,28 @@ def clear_db_runs() -> None:
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.trigger import Trigger
-    from airflow.utils.session import create_session
 
-    with create_session() as session:
-        for model in (Job, Trigger, DagRun, TaskInstance):
-            session.execute(delete(model))
-        try:  # Airflow 3.4 keeps every try in task_instance itself
-            from airflow.models.taskinstancehistory import TaskInstanceHistory
-        except ImportError:
-            return
-        session.execute(delete(TaskInstanceHistory))
+    clear([Job, Trigger, DagRun, TaskInstance, *task_instance_history()])
 
 
 def clear_db_dags() -> None:
     """Dags with their tags and owner links (and the runs that would block deleting them)."""
     from airflow.models.dag import DagModel, DagOwnerAttributes, DagTag
     from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
 
-    with create_session() as session:
-        for model in (DagTag, DagOwnerAttributes, DagRun, DagModel):
-            session.execute(delete(model))
+    clear([DagTag, DagOwnerAttributes, DagRun, DagModel])
 
 
 def clear_db_serialized_dags() -> None:
     from airflow.models.serialized_dag import SerializedDagModel
-    from airflow.utils.session import create_session
 
-    with create_session() as session:
-        session.execute(delete(SerializedDagModel))
+    clear([SerializedDagModel])
 
 
 def clear_db_jobs() -> None:
     from airflow.jobs.job import Job
-    from airflow.utils.session import create_session
 
-    with create_session() as session:
-        session.execute(delete(Job))
+    clear([Job])
 
 
 def clear_db_callbacks() -> None:
@@ -61,28 +46,21 @@ def clear_db_callbacks() -> None:
     empty deletes ``DbCallbackRequest`` itself). 3.0/3.1 have no executor callbacks: upstream's helper
     clears ``callback_request``.
     """
-    from airflow.utils.session import create_session
-
     try:
         from airflow.models.callback import Callback
     except ImportError:
         from airflow.models.db_callback_request import DbCallbackRequest as Callback  # type: ignore[assignment]
 
-    with create_session() as session:
-        session.execute(delete(Callback))
+    clear([Callback])
 
 
 def clear_db_logs() -> None:
     from airflow.models.log import Log
-    from airflow.utils.session import create_session
 
-    with create_session() as session:
-        session.execute(delete(Log))
+    clear([Log])
 
 
 def clear_db_dag_bundles() -> None:
     from airflow.models.dagbundle import DagBundleModel
-    from airflow.utils.session import create_session
 
-    with create_session() as session:
-        session.execute(delete(DagBundleModel))
+    clear([DagBundleModel])

@@ -86,8 +86,4 @@ def register() -> None:
         sys.meta_path.insert(0, SchedulerCommandHook())
 
 
-def unregister() -> None:
-    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, SchedulerCommandHook)]
-
-
 register()

@@ -37,6 +37,8 @@ sys.path.insert(0, str(ROOT))
 from parity.check import Outcome, actual_outcome  # noqa: E402  (standard library only)
 from parity.expectations import SWEEP_DBS, load  # noqa: E402
 
+from airflow_heartbeat_fix.demo.topology import KILL_SCHEDULER, SCENARIOS  # noqa: E402  (standard library only)
+
 RESULTS = ROOT / "test-results"
 CONSTRAINTS = ROOT / "constraints"
 #: The releases come from parity/expectations.toml, the one place that names them: the full matrix
@@ -60,11 +62,11 @@ DEPENDENCY_SETS = sorted(path.stem.removeprefix("airflow-") for path in CONSTRAI
 E2E_CELLS = [(NEWEST, "sqlite")]
 #: The demo's Celery topology (PostgreSQL, Redis, two schedulers, two workers): the crash and the duplicates.
 E2E_CELERY_VERSIONS = [NEWEST, "3.3.2", "3.1.8"]
-#: The demo's ``--scenario`` values; each runs the hung reproduction Dags, the kills add a SIGKILL.
-CELERY_SCENARIOS = ["hung", "kill-scheduler", "kill-worker", "many"]
+#: The demo's ``--scenario`` values (each runs the hung reproduction Dags, the kills add a SIGKILL).
+CELERY_SCENARIOS = list(SCENARIOS)
 #: What CI runs of them (2 to 3 minutes each, alone): adoption by the other scheduler on the release
 #: that crashed. ``e2e_celery_all`` runs every pair on demand: CI's 30 minutes go to the 22 releases.
-E2E_CELERY_CELLS = [(NEWEST, "kill-scheduler")]
+E2E_CELERY_CELLS = [(NEWEST, KILL_SCHEDULER)]
 #: A cell that hangs outside a test (pytest-timeout covers the tests) is killed, with its subprocesses.
 CELL_TIMEOUT = 1200
 TWINE = "6.2.0"

@@ -34,10 +34,9 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
+from airflow_heartbeat_fix.demo.topology import KILL_SCHEDULER, SCENARIOS  # noqa: E402  (standard library only)
 from parity.check import Outcome, actual_outcome  # noqa: E402  (standard library only)
 from parity.expectations import SWEEP_DBS, load  # noqa: E402
-
-from airflow_heartbeat_fix.demo.topology import KILL_SCHEDULER, SCENARIOS  # noqa: E402  (standard library only)
 
 RESULTS = ROOT / "test-results"
 CONSTRAINTS = ROOT / "constraints"

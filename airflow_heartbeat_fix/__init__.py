@@ -1,5 +1,6 @@
 """
-Drop-in fixes for three Apache Airflow 3.x scheduler bugs around heartbeat-timed-out tasks.
+Drop-in fixes for how the Apache Airflow 3.x scheduler recovers when a worker or a scheduler stops
+heartbeating; :data:`airflow_heartbeat_fix.detection.FIXES` names them.
 
 Importing this package does nothing heavy: the ``airflow.policy`` entry point only registers a lazy
 import hook (see :mod:`airflow_heartbeat_fix.policy`), and the fixed classes are built when the

@@ -34,6 +34,9 @@ SINK_FIX_HOOKS = ("_run_scheduler_loop", "_send_dag_callbacks_to_processor", "_p
 PURGE_FIX_HOOKS = ("_find_task_instances_without_heartbeats", "_purge_task_instances_without_heartbeats")
 EVENT_TYPE_FIX_HOOKS = ("_process_executor_events", "process_executor_events")
 ADOPTION_FIX_HOOKS = ("adopt_or_reset_orphaned_tasks",)
+#: What ``SchedulerJobRunner._execute`` logs when an exception ends ``_run_scheduler_loop`` (the error's own
+#: line follows): how the demo and the tests read a scheduler's crash out of its log.
+SCHEDULER_LOOP_CRASH = "Exception when executing SchedulerJob._run_scheduler_loop"
 #: The release whose Dag processor first runs task callbacks (3.0.0 to 3.0.3 raise NotImplementedError).
 FIRST_RELEASE_RUNNING_TASK_CALLBACKS = "3.0.4"
 

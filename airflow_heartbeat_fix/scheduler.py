@@ -279,9 +279,9 @@ class LockedPurgeRevalidationMixin(SchedulerJobRunner):
     held for one task instance's side effects only, and a failure rolls back that task instance alone
     (the next scan redoes it). One transaction per pass would save a commit per task instance but hold
     every lock of the batch until the pass ends and roll the whole pass back on any error; it would also
-    mean suppressing ``handle_failure``'s commit. Cost on PostgreSQL (``python -m benchmarks.purge_cost``):
-    the lock read is the only read per task instance, where it really locks the purge's own re-reads
-    are skipped (:func:`_refresh_served_by_row_lock`): 4 statements per task instance on 3.2/3.3.
+    mean suppressing ``handle_failure``'s commit. Where the lock really locks, it is the task instance's
+    only read: the purge's own re-reads are skipped (:func:`_refresh_served_by_row_lock`); the statements
+    per task instance are measured by ``python -m benchmarks.purge_cost``.
     """
 
     #: The task instance whose re-validation under its row lock is in force (one at a time).

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, text
 
+from airflow_heartbeat_fix.detection import SCHEDULER_LOOP_CRASH
 from testing.database import own_connection
 from testing.environment import command_env
 from testing.processes import GroupedProcess
@@ -237,18 +238,16 @@ def check_activation(scheduler: GroupedProcess, fix_enabled: bool) -> None:
         raise RuntimeError(f"{scheduler.name} did not log {expected!r}:\n{scheduler.tail()}")
 
 
-#: What Airflow logs when an exception ends the scheduler loop; the error's own line follows it.
-LOOP_CRASH = "Exception when executing SchedulerJob._run_scheduler_loop"
 _ERROR_LINE = re.compile(r"^\s*[A-Za-z_][\w.]*(Error|Exception|Violation)\b.*$", re.MULTILINE)
 
 
 def loop_crash(log_text: str) -> str | None:
-    """The error that ended the scheduler loop (its first error line after :data:`LOOP_CRASH`), or None."""
-    at = log_text.find(LOOP_CRASH)
+    """The error that ended the scheduler loop (the first error line after its crash line), or None."""
+    at = log_text.find(SCHEDULER_LOOP_CRASH)
     if at < 0:
         return None
-    error = _ERROR_LINE.search(log_text, at + len(LOOP_CRASH))
-    return error.group(0).strip() if error else LOOP_CRASH
+    error = _ERROR_LINE.search(log_text, at + len(SCHEDULER_LOOP_CRASH))
+    return error.group(0).strip() if error else SCHEDULER_LOOP_CRASH
 
 
 def _kill_mid_purge(scheduler: GroupedProcess, kill_at: int, batch: int) -> str | None:

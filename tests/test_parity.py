@@ -36,21 +36,21 @@ fix = "session_preserving_sink"
 title = "the sink closes the scheduler's session"
 versions = ["{V1}", "{V2}"]
 
-[sources.seed-000]
-title = "seed"
-ref = "seed 000"
+[sources.pr-1]
+title = "an upstream pull request"
+ref = "apache/airflow#1"
 
 [[test]]
 node = "tests/test_mod.py::TestScheduler::test_purge"
 upstream = "airflow-core/tests/unit/jobs/test_scheduler_job.py::TestSchedulerJob::test_purge"
-source = "seed-000"
+source = "pr-1"
 catches = ["unconverged_purge"]
 
 [[test]]
 node = "tests/test_mod.py::TestScheduler::test_param"
 upstream = ""
 upstream_note = "ours only"
-source = "seed-000"
+source = "pr-1"
 catches = ["unconverged_purge"]
 
 [[test]]
@@ -61,14 +61,14 @@ catches = ["unconverged_purge", "sink_closes_session"]
 node = "tests/test_mod.py::TestScheduler::test_locks"
 upstream = ""
 upstream_note = "ours only"
-source = "seed-000"
+source = "pr-1"
 catches = ["sink_closes_session"]
 not_applicable = [{{ dbs = ["sqlite"], reason = "row locks need PostgreSQL" }}]
 
 [[test]]
 node = "tests/test_mod.py::TestScheduler::test_plain"
 upstream = "airflow-core/tests/unit/jobs/test_scheduler_job.py::TestSchedulerJob::test_plain"
-source = "seed-000"
+source = "pr-1"
 catches = []
 """
 

@@ -142,7 +142,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="airflow-heartbeat-fix demo",
-        description="Reproduce both scheduler bugs with real Airflow components: stock vs fixed.",
+        description="Reproduce the heartbeat-timeout bugs with real Airflow components: stock vs fixed.",
         epilog="exit codes:\n"
         + "\n".join(
             textwrap.fill(text, width=78, initial_indent=f"  {code:<4}", subsequent_indent=" " * 6)

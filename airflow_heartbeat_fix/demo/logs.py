@@ -13,13 +13,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_heartbeat_fix.demo.result import DAG_IDS, EMAIL, Mark
-from airflow_heartbeat_fix.detection import FIXES, FixState
+from airflow_heartbeat_fix.detection import FIXES, SCHEDULER_LOOP_CRASH, FixState
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from pathlib import Path
 
-CRASH_MARKER = "Exception when executing SchedulerJob._run_scheduler_loop"
 _FIX_SUMMARY = re.compile(
     r"airflow-heartbeat-fix on Airflow \S+: (.*?)(?: \[airflow_heartbeat_fix\]|$)", re.MULTILINE
 )
@@ -112,7 +111,7 @@ def marks_from_logs(
 
 def find_scheduler_crash(log_text: str) -> str | None:
     """The error that ended the scheduler loop, or None when the loop did not crash."""
-    at = log_text.find(CRASH_MARKER)
+    at = log_text.find(SCHEDULER_LOOP_CRASH)
     if at < 0:
         return None
     tail = log_text[at:]
@@ -120,12 +119,12 @@ def find_scheduler_crash(log_text: str) -> str | None:
         return match.group(0).strip()
     if match := _EXCEPTION_LINE.search(tail):
         return match.group(0).strip()
-    return CRASH_MARKER
+    return SCHEDULER_LOOP_CRASH
 
 
 def find_crash_time(log_text: str) -> float | None:
     """When the scheduler logged its loop's crash (epoch seconds), from the line's ISO timestamp."""
-    at = log_text.find(CRASH_MARKER)
+    at = log_text.find(SCHEDULER_LOOP_CRASH)
     if at < 0:
         return None
     line = log_text[log_text.rfind("\n", 0, at) + 1 : at]

@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tabulate import tabulate
+
 from benchmarks import _setup
 from testing.database import backend
 from testing.environment import configure_airflow
@@ -119,7 +121,7 @@ def _round(mode: str, index: int, args: argparse.Namespace, totals: Totals) -> N
 def _report(version: str, args: argparse.Namespace, totals: dict[str, Totals]) -> str:
     header = ("mode", "rounds", "TIs", "worker told SUCCESS", "lost SUCCESS", "spurious callbacks")
     header += ("other inconsistencies", "deadlocks", "statements/TI", "commits/TI", "s/round")
-    rows = [header]
+    rows = []
     for mode, total in totals.items():
         clean_tis = args.tis * len(total.clean_passes)
         statements = sum(cost.statements for cost in total.clean_passes) / clean_tis
@@ -139,12 +141,11 @@ def _report(version: str, args: argparse.Namespace, totals: dict[str, Totals]) -
                 f"{total.seconds / max(total.rounds, 1):.1f}",
             )
         )
-    widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     lines = [
         f"Airflow {version}, PostgreSQL, {args.rounds} round(s) x {args.tis} timed-out task instances, "
         f"{args.workers} workers reporting SUCCESS for ~{args.share:.0%} of them during the purge",
     ]
-    lines += ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
+    lines.append(tabulate(rows, headers=header, tablefmt="simple", stralign="right", disable_numparse=True))
     lines.append(
         "statements/TI and commits/TI: one extra pass over as many task instances with nothing racing "
         "it (scan included), counted on the scheduler's connection"

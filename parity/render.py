@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tabulate import tabulate
+
 from parity.expectations import base_node
 
 if TYPE_CHECKING:
@@ -12,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return [f"| {' | '.join(head)} |", "|" + "---|" * len(head), *(f"| {' | '.join(row)} |" for row in rows)]
+    return tabulate(rows, headers=head, tablefmt="github", disable_numparse=True).splitlines()
 
 
 def _note_owner(node: str, expectations: Expectations) -> str:

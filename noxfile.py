@@ -64,7 +64,7 @@ E2E_CELERY_VERSIONS = [NEWEST, "3.3.2", "3.1.8"]
 #: The demo's ``--scenario`` values (each runs the hung reproduction Dags, the kills add a SIGKILL).
 CELERY_SCENARIOS = list(SCENARIOS)
 #: What CI runs of them (2 to 3 minutes each, alone): adoption by the other scheduler on the release
-#: that crashed. ``e2e_celery_all`` runs every pair on demand: CI's 30 minutes go to the 22 releases.
+#: that crashed. ``e2e_celery_all`` runs every pair on demand: CI's 30 minutes go to the releases' matrix.
 E2E_CELERY_CELLS = [(NEWEST, KILL_SCHEDULER)]
 #: A cell that hangs outside a test (pytest-timeout covers the tests) is killed, with its subprocesses.
 CELL_TIMEOUT = 1200

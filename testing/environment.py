@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 
 def airflow_home(prefix: str) -> str:
-    """``AIRFLOW_HOME``, a fresh temporary directory named ``prefix...`` unless the caller set one."""
-    return os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix=prefix))
+    """
+    ``AIRFLOW_HOME``: the caller's, or a fresh temporary directory named ``prefix...`` that this process
+    removes when it exits (it created it; a caller's home is never touched).
+    """
+    if home := os.environ.get("AIRFLOW_HOME"):
+        return home
+    home = os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    return home
 
 
 def airflow_settings(home: str, db_url: str) -> dict[str, str]:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EmailRequest",
     "Stats",
+    "create_session_code",
     "dag_for_run",
     "dag_processor_execute_callbacks",
     "default_executor",
@@ -62,6 +63,20 @@ def scoped_session_in_transaction() -> bool:
     """Whether the thread's scoped session has begun a transaction, without beginning one."""
     registry = settings.Session
     return registry is not None and registry.registry.has() and registry().in_transaction()
+
+
+def create_session_code() -> Any:
+    """
+    The code of ``create_session``'s generator: the frame that calls ``settings.Session()`` for it.
+
+    ``None`` if ``create_session`` is no longer a ``contextlib.contextmanager`` over a generator.
+    """
+    import inspect
+
+    from airflow.utils.session import create_session
+
+    generator = getattr(create_session, "__wrapped__", None)
+    return generator.__code__ if inspect.isgeneratorfunction(generator) else None
 
 
 def scheduler_executors(runner: SchedulerJobRunner) -> list[BaseExecutor]:

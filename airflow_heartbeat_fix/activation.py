@@ -27,6 +27,7 @@ from airflow_heartbeat_fix.detection import (
     AirflowFacts,
     FixDecision,
     FixState,
+    SessionCode,
     decide,
     read_facts,
 )
@@ -125,6 +126,16 @@ def _originals() -> dict[str, Any]:
     return {"sink": sink, "runner": scheduler_job_runner.SchedulerJobRunner}
 
 
+def _session_code() -> SessionCode:
+    """What detection reads about Airflow's sessions and the code that runs nested in the loop's."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.secrets.metastore import MetastoreBackend
+    from airflow.utils.session import create_session
+    from airflow.utils.sqlalchemy import CommitProhibitorGuard
+
+    return SessionCode(create_session, CommitProhibitorGuard, MetastoreBackend, TaskInstance)
+
+
 def facts() -> AirflowFacts:
     from airflow import __version__ as airflow_version
 
@@ -135,6 +146,7 @@ def facts() -> AirflowFacts:
         version=airflow_version,
         sink_cls=originals["sink"],
         runner_cls=originals["runner"],
+        session_code=_session_code(),
         execute_callbacks=dag_processor_execute_callbacks(),
     )
 
@@ -253,7 +265,6 @@ def _apply(active: tuple[str, ...], state: _Installed) -> None:
     from airflow.callbacks import database_callback_sink
     from airflow.cli.commands import scheduler_command
 
-    from airflow_heartbeat_fix import session_binding
     from airflow_heartbeat_fix.scheduler import build_runner_class
 
     state.runner = build_runner_class(active, base=_originals()["runner"])
@@ -262,7 +273,6 @@ def _apply(active: tuple[str, ...], state: _Installed) -> None:
         from airflow_heartbeat_fix.callback_sink import SessionPreservingCallbackSink
 
         _patch(database_callback_sink, "DatabaseCallbackSink", SessionPreservingCallbackSink, state)
-        session_binding.install()
 
 
 def uninstall() -> None:
@@ -270,12 +280,8 @@ def uninstall() -> None:
     global _installed
     if _installed is None:
         return
-    if _installed.patched:  # nothing patched, nothing to import (Airflow may not even load)
-        from airflow_heartbeat_fix import session_binding
-
-        for module, name, original in reversed(_installed.patched):
-            setattr(module, name, original)
-        session_binding.uninstall()
+    for module, name, original in reversed(_installed.patched):
+        setattr(module, name, original)
     _installed = None
 
 

@@ -46,29 +46,21 @@ class HeldOrphanAdoptionMixin(SchedulerJobRunner):
     executors' adoption (detection then reports ``held_orphan_adoption`` "not needed") *and* keeps their
     row locks to its own commit, which #71348's re-select alone does not.
 
-    The guard, for the duration of one executor's call only (:func:`_held`): a SAVEPOINT, and the
-    adoption session's ``commit`` flushes, its ``close`` does nothing and its ``rollback`` rolls back to
-    the savepoint. A nested scoped ``create_session()`` therefore joins the adoption's transaction (its
-    writes commit with the adoption's own commit) instead of ending it, and the orphans' row locks, taken
-    before the savepoint, are held to that commit. Upstream's re-select (#71348) fixes the detached reads
-    but not the early commit: between the executor's commit and the re-select another scheduler can
-    lock and adopt or reset the same orphans.
-
-    Why one rule, scoped to this call, is safe: inside ``try_adopt_task_instances`` the only commits are
-    the executor's own (the scheduler issues none there), so turning them into flushes changes nothing
-    the scheduler relies on. It is the rule the session-preserving sink already applies to callbacks (a
-    sink called without a session joins the scheduler's transaction); that fix is left as it is. Applied
-    to the whole scheduler loop instead, the rule would also turn the scheduler's own commits into
-    flushes (``handle_failure`` commits per task instance, which the purge's transaction shape relies on).
+    The executor's own scoped ``create_session()`` is a session nested in the adoption's:
+    :class:`~airflow_heartbeat_fix.nested_sessions.NestedSessionsJoinLoopMixin` holds it (a SAVEPOINT
+    instead of the commit and the close), so its writes commit with the adoption's own commit and the
+    orphans' row locks, taken before it, are held to that commit. Upstream's re-select (#71348) fixes the
+    detached reads but not the early commit: between the executor's commit and the re-select another
+    scheduler can lock and adopt or reset the same orphans.
 
     An executor that misbehaves never ends the loop: if it raises (a database error inside its own
-    session included: rolled back to the savepoint), the orphans it was handed are reset, because a
-    reset orphan is scheduled again while an adopted one nobody runs would never finish; task instances
-    it returns that it was not handed, or detached copies, are matched to the batch by id; instances it
-    expunged are added back (the transaction and its locks are intact).
+    session included: that session is rolled back to its savepoint), the orphans it was handed are
+    reset, because a reset orphan is scheduled again while an adopted one nobody runs would never finish;
+    task instances it returns that it was not handed, or detached copies, are matched to the batch by
+    id; instances it expunged are added back (the transaction and its locks are intact).
 
-    Statements: two per executor and pass (SAVEPOINT, RELEASE SAVEPOINT), whatever the number of orphans;
-    the executor's own COMMIT is no longer issued.
+    Statements: none of its own; an executor's nested session costs its SAVEPOINT and RELEASE instead of
+    its COMMIT.
     """
 
     @provide_session
@@ -81,24 +73,23 @@ class HeldOrphanAdoptionMixin(SchedulerJobRunner):
 
 @contextlib.contextmanager
 def _adoption_in_transaction(executor: BaseExecutor, session: Session) -> Iterator[None]:
-    """While the block runs, ``executor.try_adopt_task_instances`` runs under :func:`_held` (an instance
-    attribute, removed again by ``mock.patch.object``; an executor's own instance attribute comes back)."""
+    """While the block runs, ``executor.try_adopt_task_instances`` survives the executor's errors and
+    expunges (an instance attribute, removed again by ``mock.patch.object``; an executor's own instance
+    attribute comes back)."""
     try_adopt: Callable[[Sequence[TaskInstance]], Sequence[TaskInstance]] = executor.try_adopt_task_instances
     name = type(executor).__name__
 
     def held_try_adopt(tis: Sequence[TaskInstance]) -> Sequence[TaskInstance]:
         batch = list(tis)
-        with _held(session):
-            try:
-                returned = try_adopt(batch)
-            except Exception:
-                log.exception(
-                    "%s.try_adopt_task_instances raised; resetting the %d orphaned task instances it was "
-                    "handed",
-                    name,
-                    len(batch),
-                )
-                returned = batch
+        try:
+            returned = try_adopt(batch)
+        except Exception:
+            log.exception(
+                "%s.try_adopt_task_instances raised; resetting the %d orphaned task instances it was handed",
+                name,
+                len(batch),
+            )
+            returned = batch
         for ti in batch:
             if inspect(ti).detached:  # expunged by the executor: the transaction and its locks are intact
                 session.add(ti)
@@ -106,41 +97,6 @@ def _adoption_in_transaction(executor: BaseExecutor, session: Session) -> Iterat
 
     with mock.patch.object(executor, "try_adopt_task_instances", held_try_adopt):
         yield
-
-
-@contextlib.contextmanager
-def _held(session: Session) -> Iterator[None]:
-    """
-    Inside a SAVEPOINT: ``session.commit()`` flushes, ``session.close()`` does nothing and
-    ``session.rollback()`` rolls back to the savepoint, while the block runs.
-
-    What a nested ``create_session()`` does on exit therefore never ends the adoption's transaction:
-    its writes are released with the savepoint and committed with the adoption, and its rollback (an
-    error inside it, a database error included: PostgreSQL's aborted transaction recovers at the
-    savepoint) undoes only its own work. The row locks were taken before the savepoint and stay. The
-    attributes are set on this session instance only: the thread's scoped session, which is what a
-    nested ``create_session()`` in the same thread gets; other threads' sessions are other instances.
-    """
-    savepoint = session.begin_nested()
-
-    def rollback_to_savepoint() -> None:
-        if savepoint.is_active:
-            savepoint.rollback()
-
-    with (
-        mock.patch.object(session, "commit", session.flush),
-        mock.patch.object(session, "close", _leave_open),
-        mock.patch.object(session, "rollback", rollback_to_savepoint),
-    ):
-        try:
-            yield
-        finally:
-            if savepoint.is_active:
-                savepoint.commit()
-
-
-def _leave_open() -> None:
-    """``close()`` of the adoption's session while an executor adopts: the adoption closes it, later."""
 
 
 def _in_batch(batch: list[TaskInstance], returned: Any, name: str) -> list[TaskInstance]:

@@ -16,9 +16,13 @@ PURGE_FIX = "converged_heartbeat_purge"
 LOCK_FIX = "locked_purge_revalidation"
 EVENT_TYPE_FIX = "typed_executor_event_callbacks"
 ADOPTION_FIX = "held_orphan_adoption"
-FIXES = (SINK_FIX, PURGE_FIX, LOCK_FIX, EVENT_TYPE_FIX, ADOPTION_FIX)
+NESTED_FIX = "nested_sessions_join_loop"
+FIXES = (NESTED_FIX, SINK_FIX, PURGE_FIX, LOCK_FIX, EVENT_TYPE_FIX, ADOPTION_FIX)
 
 FIX_TITLES = {
+    NESTED_FIX: "a create_session() nested in the scheduler loop (listeners, cluster policies, Variable and "
+    "Connection lookups, deadline alerts) joins the loop's transaction instead of ending it (crash loops, "
+    "UniqueViolation on retry, lost callbacks)",
     SINK_FIX: "callback sink keeps the scheduler's session (UniqueViolation crash, detached batches)",
     PURGE_FIX: "heartbeat-timeout purge converges the task instance (duplicate callbacks)",
     LOCK_FIX: "heartbeat-timeout purge holds each task instance's row lock through its failure "
@@ -34,6 +38,18 @@ SINK_FIX_HOOKS = ("_run_scheduler_loop", "_send_dag_callbacks_to_processor", "_p
 PURGE_FIX_HOOKS = ("_find_task_instances_without_heartbeats", "_purge_task_instances_without_heartbeats")
 EVENT_TYPE_FIX_HOOKS = ("_process_executor_events", "process_executor_events")
 ADOPTION_FIX_HOOKS = ("adopt_or_reset_orphaned_tasks",)
+#: The loop's paths the nested-session fix holds: the loop itself, and each path a driver may also call
+#: on its own (the tests, a custom loop), with or without the session it works in.
+NESTED_FIX_HOOKS = (
+    "_run_scheduler_loop",
+    "_do_scheduling",
+    "_process_executor_events",
+    "_find_and_purge_task_instances_without_heartbeats",
+    "_purge_task_instances_without_heartbeats",
+    "_handle_tasks_stuck_in_queued",
+    "_update_dag_run_state_for_paused_dags",
+    "adopt_or_reset_orphaned_tasks",
+)
 #: What ``SchedulerJobRunner._execute`` logs when an exception ends ``_run_scheduler_loop`` (the error's own
 #: line follows): how the demo and the tests read a scheduler's crash out of its log.
 SCHEDULER_LOOP_CRASH = "Exception when executing SchedulerJob._run_scheduler_loop"
@@ -66,6 +82,14 @@ class AirflowFacts:
     #: False where the Dag processor cannot run a task callback request at all: nothing here fixes that.
     processor_runs_task_callbacks: bool = True
     adoption_keeps_orphans_attached: bool | None = True
+    #: What a nested create_session() does to the loop's transaction here (None: not recognised).
+    nested_session_ends_transaction: bool | None = True
+    #: prohibit_commit lets a SAVEPOINT release through (3.4); older guards raise on it.
+    guard_tolerates_savepoints: bool = True
+    #: The metastore secrets backend expunge_all()-s the session it is given (up to 3.1).
+    metastore_expunges: bool = False
+    #: handle_failure notifies listeners before it archives the try (3.4): a listener's session crashes it.
+    listeners_before_next_try: bool = False
 
 
 @dataclass(frozen=True)
@@ -205,9 +229,35 @@ def _decide_event_type(facts: AirflowFacts, enabled: bool) -> FixDecision:
     )
 
 
-def _decide_adoption(facts: AirflowFacts, enabled: bool) -> FixDecision:
-    attached = facts.adoption_keeps_orphans_attached
+def _decide_nested(facts: AirflowFacts, enabled: bool) -> FixDecision:
     return _decide_standalone(
+        facts,
+        enabled,
+        NESTED_FIX,
+        facts.nested_session_ends_transaction,
+        hooks=NESTED_FIX_HOOKS,
+        what="create_session",
+        not_needed="create_session() joins the transaction of an enclosing one",
+        active="a create_session() nested in the loop commits or rolls back and closes the loop's session"
+        + "".join(_nested_session_effects(facts)),
+    )
+
+
+def _nested_session_effects(facts: AirflowFacts) -> list[str]:
+    """What else a nested session does on this release, each as a clause of the status reason."""
+    effects = ["; inside prohibit_commit its commit raises (the scheduling loop rolls back and crash-loops)"]
+    if facts.metastore_expunges:
+        effects.append("; Variable and Connection lookups expunge_all() it (pending callbacks are lost)")
+    if facts.listeners_before_next_try:
+        effects.append("; a failure listener's session crashes a retry (UniqueViolation)")
+    if not facts.guard_tolerates_savepoints:
+        effects.append("; prohibit_commit is taught to let a savepoint release through")
+    return effects
+
+
+def _decide_adoption(facts: AirflowFacts, enabled: bool, nested: FixDecision) -> FixDecision:
+    attached = facts.adoption_keeps_orphans_attached
+    decision = _decide_standalone(
         facts,
         enabled,
         ADOPTION_FIX,
@@ -219,6 +269,10 @@ def _decide_adoption(facts: AirflowFacts, enabled: bool) -> FixDecision:
         active="adopt_or_reset_orphaned_tasks hands its locked, half-loaded orphans to "
         "try_adopt_task_instances in its own session; a scoped create_session() there commits and closes it",
     )
+    if decision.state is FixState.ACTIVE and nested.state not in (FixState.ACTIVE, FixState.NOT_NEEDED):
+        # The executor's own sessions are nested in the adoption's: that fix (or upstream) holds them.
+        return FixDecision(ADOPTION_FIX, FixState.UNSUPPORTED, f"needs {NESTED_FIX}, which is not active")
+    return decision
 
 
 def decide(facts: AirflowFacts, *, enabled: bool) -> dict[str, FixDecision]:
@@ -228,12 +282,14 @@ def decide(facts: AirflowFacts, *, enabled: bool) -> dict[str, FixDecision]:
         return {fix: FixDecision(fix, FixState.NOT_APPLICABLE, why) for fix in FIXES}
     sink = _decide_sink(facts, enabled)
     purge = _decide_purge(facts, enabled, sink)
+    nested = _decide_nested(facts, enabled)
     return {
+        NESTED_FIX: nested,
         SINK_FIX: sink,
         PURGE_FIX: purge,
         LOCK_FIX: _decide_lock(facts, enabled, sink, purge),
         EVENT_TYPE_FIX: _decide_event_type(facts, enabled),
-        ADOPTION_FIX: _decide_adoption(facts, enabled),
+        ADOPTION_FIX: _decide_adoption(facts, enabled, nested),
     }
 
 
@@ -346,6 +402,54 @@ def adoption_keeps_orphans_attached(runner_cls: type) -> bool | None:
     return bool(_REREADS.intersection(after))
 
 
+def nested_session_ends_transaction(create_session: Any) -> bool | None:
+    """
+    Whether ``create_session()`` entered inside another one in the same thread ends that one's transaction.
+
+    Every release's ``create_session`` is a ``contextmanager`` whose generator takes ``settings.Session()``
+    (the thread's scoped session) and commits, rolls back and closes it unconditionally. One that begins
+    a SAVEPOINT joins an enclosing transaction instead; any other shape is not recognised.
+    """
+    import inspect
+
+    generator = getattr(create_session, "__wrapped__", None)
+    if not inspect.isgeneratorfunction(generator):
+        return None
+    names = frozenset(generator.__code__.co_names)
+    if "begin_nested" in names:
+        return False
+    return True if {"commit", "rollback", "close"} <= names else None
+
+
+def guard_tolerates_savepoints(guard_cls: type) -> bool:
+    """Whether ``prohibit_commit``'s guard lets a SAVEPOINT release through (3.4 checks for one)."""
+    names = _names_used(getattr(guard_cls, "_validate_commit", None))
+    return names is not None and "in_nested_transaction" in names
+
+
+def metastore_expunges(backend_cls: type | None) -> bool:
+    """Whether the metastore secrets backend's lookups ``expunge_all()`` their session (3.0, 3.1)."""
+    lookups = (getattr(backend_cls, name, None) for name in ("get_connection", "get_variable"))
+    codes = (_names_used(getattr(lookup, "__wrapped__", lookup)) for lookup in lookups)
+    return any(names is not None and "expunge_all" in names for names in codes)
+
+
+def listeners_before_next_try(task_instance_cls: type | None) -> bool:
+    """
+    Whether a failing try's listeners run before ``prepare_db_for_next_try`` archives it (3.4), so that a
+    listener's session, closing the scheduler's, leaves nothing for the archive to write.
+    """
+    import dis
+
+    code = getattr(getattr(task_instance_cls, "fetch_handle_failure_context", None), "__code__", None)
+    if code is None:
+        return False
+    names = [ins.argval for ins in dis.get_instructions(code) if isinstance(ins.argval, str)]
+    notified = [at for at, name in enumerate(names) if name in ("notify_failure", "get_listener_manager")]
+    archived = [at for at, name in enumerate(names) if name == "prepare_db_for_next_try"]
+    return bool(notified and archived and notified[0] < archived[0])
+
+
 def processor_runs_task_callbacks(execute_callbacks: Any) -> bool:
     """
     Whether the Dag processor's ``_execute_callbacks`` runs task callbacks (3.0.0 to 3.0.3 raise instead).
@@ -356,8 +460,23 @@ def processor_runs_task_callbacks(execute_callbacks: Any) -> bool:
     return names is None or "NotImplementedError" not in names or "_execute_task_callbacks" in names
 
 
+@dataclass(frozen=True)
+class SessionCode:
+    """Airflow's session handling and what runs nested in the loop's session, as detection reads them."""
+
+    create_session: Any
+    guard_cls: type
+    metastore_cls: type | None = None
+    task_instance_cls: type | None = None
+
+
 def read_facts(
-    *, version: str, sink_cls: type | None, runner_cls: type, execute_callbacks: Any = None
+    *,
+    version: str,
+    sink_cls: type | None,
+    runner_cls: type,
+    session_code: SessionCode,
+    execute_callbacks: Any = None,
 ) -> AirflowFacts:
     """
     Inspect Airflow's own (unpatched) sink and scheduler classes; ``sink_cls`` None: no such sink.
@@ -366,7 +485,7 @@ def read_facts(
     """
     if sink_cls is None:
         return AirflowFacts(version, None, None, has_callback_sink=False)
-    hooks = (*SINK_FIX_HOOKS, *PURGE_FIX_HOOKS, *EVENT_TYPE_FIX_HOOKS, *ADOPTION_FIX_HOOKS)
+    hooks = (*SINK_FIX_HOOKS, *PURGE_FIX_HOOKS, *EVENT_TYPE_FIX_HOOKS, *ADOPTION_FIX_HOOKS, *NESTED_FIX_HOOKS)
     missing = tuple(dict.fromkeys(hook for hook in hooks if not hasattr(runner_cls, hook)))
     return AirflowFacts(
         version=version,
@@ -377,4 +496,8 @@ def read_facts(
         executor_events_type_callbacks=executor_events_type_callbacks(runner_cls),
         processor_runs_task_callbacks=processor_runs_task_callbacks(execute_callbacks),
         adoption_keeps_orphans_attached=adoption_keeps_orphans_attached(runner_cls),
+        nested_session_ends_transaction=nested_session_ends_transaction(session_code.create_session),
+        guard_tolerates_savepoints=guard_tolerates_savepoints(session_code.guard_cls),
+        metastore_expunges=metastore_expunges(session_code.metastore_cls),
+        listeners_before_next_try=listeners_before_next_try(session_code.task_instance_cls),
     )

@@ -22,7 +22,6 @@ from airflow.utils.state import TaskInstanceState
 from sqlalchemy import inspect, select
 from sqlalchemy.orm.attributes import set_committed_value
 
-from airflow_heartbeat_fix import session_binding
 from airflow_heartbeat_fix._compat import (
     EmailRequest,
     Stats,
@@ -32,8 +31,16 @@ from airflow_heartbeat_fix._compat import (
     with_row_locks,
 )
 from airflow_heartbeat_fix.adoption import HeldOrphanAdoptionMixin
-from airflow_heartbeat_fix.detection import ADOPTION_FIX, EVENT_TYPE_FIX, LOCK_FIX, PURGE_FIX, SINK_FIX
+from airflow_heartbeat_fix.detection import (
+    ADOPTION_FIX,
+    EVENT_TYPE_FIX,
+    LOCK_FIX,
+    NESTED_FIX,
+    PURGE_FIX,
+    SINK_FIX,
+)
 from airflow_heartbeat_fix.metrics import FixGaugesMixin
+from airflow_heartbeat_fix.nested_sessions import NestedSessionsJoinLoopMixin
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
@@ -59,8 +66,9 @@ class SessionPreservingSinkMixin(SchedulerJobRunner):
 
     ``_do_scheduling`` sends Dag-level callbacks and then runs the critical section, which expunges the
     session and can roll it back: it relied on the stock sink's commit, so it now commits after each
-    Dag callback. Executor-event processing binds ``ti.set_state`` to its batch session (upstream passes
-    ``session=session`` in the Dag-lookup-failure branch).
+    Dag callback. Upstream's PR also passes ``session=session`` to the ``ti.set_state`` of
+    executor-event processing's Dag-lookup-failure branch: a nested session, which
+    :class:`~airflow_heartbeat_fix.nested_sessions.NestedSessionsJoinLoopMixin` holds.
     """
 
     def _send_dag_callbacks_to_processor(self, dag: Any, callback: DagCallbackRequest | None = None) -> None:
@@ -69,10 +77,6 @@ class SessionPreservingSinkMixin(SchedulerJobRunner):
             # The sink added the request to the thread's scoped session, which is the session of
             # _do_scheduling and of _update_dag_run_state_for_paused_dags (@provide_session).
             scoped_session().commit()
-
-    def _process_executor_events(self, executor: BaseExecutor, session: Session) -> int:
-        with session_binding.bound_to(session):
-            return super()._process_executor_events(executor, session)
 
 
 class ConvergedHeartbeatPurgeMixin(SchedulerJobRunner):
@@ -407,16 +411,17 @@ def _type_by_retry_eligibility(request: TaskCallbackRequest, *, session: Session
 
 
 MIXINS: dict[str, type[SchedulerJobRunner]] = {
+    NESTED_FIX: NestedSessionsJoinLoopMixin,
     SINK_FIX: SessionPreservingSinkMixin,
     PURGE_FIX: ConvergedHeartbeatPurgeMixin,
     LOCK_FIX: LockedPurgeRevalidationMixin,
     EVENT_TYPE_FIX: TypedExecutorEventCallbacksMixin,
     ADOPTION_FIX: HeldOrphanAdoptionMixin,
 }
-#: MRO order: the lock hands single task instances to the purge (backport or stock), which sends
-#: callbacks through the sink's session; the executor-event typing wraps the sink's session binding.
-#: The orphan adoption shares no method with the others.
-MIXIN_ORDER = (LOCK_FIX, PURGE_FIX, EVENT_TYPE_FIX, SINK_FIX, ADOPTION_FIX)
+#: MRO order: the nested-session hold wraps every loop path (it owns the loop's session before the others
+#: run); the lock hands single task instances to the purge (backport or stock), which sends callbacks
+#: through the sink's session. The orphan adoption shares no method with the others.
+MIXIN_ORDER = (NESTED_FIX, LOCK_FIX, PURGE_FIX, EVENT_TYPE_FIX, SINK_FIX, ADOPTION_FIX)
 
 
 @functools.cache

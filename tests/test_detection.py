@@ -9,6 +9,7 @@ from airflow_heartbeat_fix.detection import (
     ADOPTION_FIX,
     EVENT_TYPE_FIX,
     LOCK_FIX,
+    NESTED_FIX,
     PURGE_FIX,
     SINK_FIX,
     AirflowFacts,
@@ -16,6 +17,10 @@ from airflow_heartbeat_fix.detection import (
     adoption_keeps_orphans_attached,
     decide,
     executor_events_type_callbacks,
+    guard_tolerates_savepoints,
+    listeners_before_next_try,
+    metastore_expunges,
+    nested_session_ends_transaction,
     processor_runs_task_callbacks,
     purge_converges,
     purge_locks_each_ti,
@@ -58,7 +63,7 @@ def test_decide(sink_commits, converges, locks, missing, enabled, expected):
 
 
 def test_unsupported_shape_is_not_patched():
-    facts = AirflowFacts("9.9.9", None, None, purge_locks_each_ti=None)
+    facts = AirflowFacts("9.9.9", None, None, purge_locks_each_ti=None, nested_session_ends_transaction=None)
     assert not [d for d in decide(facts, enabled=True).values() if d.state is A]
 
 
@@ -186,6 +191,7 @@ def test_facts_of_this_airflow_are_recognised():
     assert facts.purge_locks_each_ti is not None
     assert facts.executor_events_type_callbacks is not None
     assert facts.adoption_keeps_orphans_attached is not None
+    assert facts.nested_session_ends_transaction is True
 
 
 @pytest.mark.parametrize("enabled", [True, False])
@@ -229,3 +235,120 @@ def test_adoption_shapes():
     assert adoption_keeps_orphans_attached(Stock) is False
     assert adoption_keeps_orphans_attached(Reselects) is True
     assert adoption_keeps_orphans_attached(object) is None
+
+
+@pytest.mark.parametrize(
+    ("ends", "missing", "enabled", "expected"),
+    [
+        pytest.param(True, (), True, (A, A), id="every release to 3.4.0b2"),
+        pytest.param(False, (), True, (N, A), id="create_session joins an enclosing one upstream"),
+        pytest.param(True, (), False, (D, D), id="off switch"),
+        pytest.param(None, (), True, (U, U), id="unknown create_session: adoption needs the hold"),
+        pytest.param(True, ("_do_scheduling",), True, (U, U), id="a loop path is missing"),
+    ],
+)
+def test_decide_nested_sessions(ends, missing, enabled, expected):
+    """The orphan adoption's executor sessions are nested sessions: it needs the hold, or upstream's."""
+    facts = AirflowFacts(
+        "9.9.9",
+        True,
+        False,
+        missing,
+        adoption_keeps_orphans_attached=False,
+        nested_session_ends_transaction=ends,
+    )
+    decided = decide(facts, enabled=enabled)
+    assert (decided[NESTED_FIX].state, decided[ADOPTION_FIX].state) == expected
+
+
+@pytest.mark.parametrize(
+    ("facts", "said", "not_said"),
+    [
+        pytest.param(
+            {"metastore_expunges": True, "guard_tolerates_savepoints": False},
+            ["expunge_all() it", "taught to let a savepoint release through"],
+            ["UniqueViolation"],
+            id="3.0/3.1",
+        ),
+        pytest.param(
+            {"guard_tolerates_savepoints": False},
+            ["taught"],
+            ["expunge_all", "UniqueViolation"],
+            id="3.2/3.3",
+        ),
+        pytest.param(
+            {"listeners_before_next_try": True}, ["UniqueViolation"], ["taught", "expunge"], id="3.4"
+        ),
+    ],
+)
+def test_nested_sessions_reason_says_what_bites_here(facts, said, not_said):
+    reason = decide(AirflowFacts("9.9.9", True, False, **facts), enabled=True)[NESTED_FIX].reason
+    assert "inside prohibit_commit its commit raises" in reason
+    assert all(part in reason for part in said)
+    assert not any(part in reason for part in not_said)
+
+
+def test_nested_session_shapes():
+    import contextlib
+
+    @contextlib.contextmanager
+    def stock():
+        session = settings.Session()  # noqa: F821
+        try:
+            yield session
+            session.commit()
+        except Exception:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    @contextlib.contextmanager
+    def joins():
+        session = settings.Session()  # noqa: F821
+        with session.begin_nested():
+            yield session
+
+    @contextlib.contextmanager
+    def unknown():
+        yield None
+
+    assert nested_session_ends_transaction(stock) is True
+    assert nested_session_ends_transaction(joins) is False
+    assert nested_session_ends_transaction(unknown) is None
+    assert nested_session_ends_transaction(object) is None
+
+
+def test_guard_metastore_and_listener_shapes():
+    class Guard34:
+        def _validate_commit(self, session):
+            if session.in_nested_transaction():
+                return
+
+    class Guard33:
+        def _validate_commit(self, _):
+            raise RuntimeError
+
+    class Metastore31:
+        def get_variable(self, key, session):
+            session.expunge_all()
+
+    class TaskInstance34:
+        def fetch_handle_failure_context(self, ti):
+            ti.notify_failure()
+            ti.prepare_db_for_next_try()
+
+    class TaskInstance33:
+        def fetch_handle_failure_context(self, ti):
+            ti.prepare_db_for_next_try()
+            get_listener_manager().hook.on_task_instance_failed()  # noqa: F821
+
+    assert (guard_tolerates_savepoints(Guard34), guard_tolerates_savepoints(Guard33)) == (True, False)
+    assert (metastore_expunges(Metastore31), metastore_expunges(Guard33), metastore_expunges(None)) == (
+        True,
+        False,
+        False,
+    )
+    assert listeners_before_next_try(TaskInstance34) is True
+    assert listeners_before_next_try(TaskInstance33) is False
+    assert listeners_before_next_try(None) is False

@@ -1,0 +1,389 @@
+"""
+Sessions nested in the scheduler loop's: what the loop runs of the deployment's own code and of Airflow's.
+
+Shaped like upstream's scheduler tests (``TestSchedulerJob``, ``dag_maker``, ``session``): a real runner
+calls the real loop paths, in the thread's scoped session as the loop does. What runs nested in them is
+registered the way deployments register it:
+
+* a listener plugin from a plugins folder (``testing/plugin_files/heartbeat_fix_audit_listener.py``) that
+  writes audit rows through its own ``create_session()`` and reads a ``Variable``;
+* a cluster policy in a real ``airflow_local_settings.py`` that reads a ``Variable``;
+* the Kafka event producer plugin of apache-airflow-providers-apache-kafka (the ``airflow.plugins`` entry
+  point), which looks up its ``kafka_default`` Connection when it publishes its first event;
+* Airflow's own: a ``VariableInterval`` deadline alert (3.3+), 3.0's scheduler-sent e-mail, which looks up
+  the ``smtp_default`` Connection.
+
+Variables and Connections are stored in the metadata database. In stock Airflow the nested session
+commits and closes the loop's: the scheduling pass crash-loops with ``DetachedInstanceError`` (turned
+into an ``AssertionError`` naming it, so the stock cells' strict xfails see an assertion), a lookup
+reads "not found", a retry crashes with UniqueViolation (3.4). Nothing is replaced but the workers (the
+executor is never started), the Kafka broker (none runs: the plugin's publishing fails, after its
+lookup) and an SMTP server (a loopback one keeps what 3.0's scheduler sends).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
+from unittest import mock
+
+import pytest
+from airflow.models.connection import Connection
+from airflow.models.dag import DagModel
+from airflow.models.dagrun import DagRun
+from airflow.models.log import Log
+from airflow.models.taskinstance import TaskInstance
+from airflow.models.variable import Variable
+from airflow.utils.session import create_session
+from airflow.utils.state import DagRunState, TaskInstanceState
+from sqlalchemy import delete, select, update
+
+from testing.plugins import (
+    LISTENER_PLUGIN,
+    LOCAL_SETTINGS,
+    install_plugin_folder,
+    local_settings_loaded,
+    plugins_loaded,
+)
+from testing.scheduler import default_executor, new_runner
+from testing.smtp import smtp_server
+from tests.unit.jobs.test_scheduler_job import (
+    EmailRequest,
+    _assert_retried_once,
+    _callback_requests,
+    _clean_db,
+    _empty_operator,
+    _final_state,
+    _make_running,
+    _report_event,
+    _task_callbacks,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
+
+    from sqlalchemy.orm import Session
+    from tests_common.pytest_plugin import DagMaker
+
+pytestmark = pytest.mark.db_test
+
+#: What the audit listener and the policy read, stored as Variables in the metadata database.
+CHANNEL, QUEUE = "ops-alerts", "nested_session_queue"
+#: The audit listener plugin's rows and Variable (its module is imported from the plugins folder).
+AUDIT_EVENT, CHANNEL_VARIABLE = "heartbeat-fix-audit", "heartbeat_fix_audit_channel"
+POLICY_QUEUE_VARIABLE = "heartbeat_fix_policy_queue"
+#: The Variable a ``VariableInterval`` deadline alert reads its interval from, in seconds.
+DEADLINE_VARIABLE = "heartbeat_fix_deadline_seconds"
+#: The Kafka provider's event producer plugin module: it reads its configuration when imported.
+KAFKA_PLUGIN_MODULE = "airflow.providers.apache.kafka.plugins.event_producer"
+
+
+async def _deadline_missed(**kwargs: Any) -> None:
+    """Stands in for a deadline alert's callback; the triggerer would run it, not these tests."""
+
+
+def _failure_of(step: Callable[[], Any], session: Session) -> BaseException | None:
+    """Run one loop step and commit as the loop does; its error (rolled back), if any."""
+    try:
+        step()
+        session.commit()
+    except Exception as error:
+        session.rollback()
+        return error
+    return None
+
+
+def _audit_rows() -> list[tuple[str | None, str | None, str | None]]:
+    """``(dag_id, run_id, extra)`` of the audit listener's committed rows, read in a session of its own."""
+    with create_session(scoped=False) as reader:
+        rows = reader.execute(
+            select(Log.dag_id, Log.run_id, Log.extra).where(Log.event == AUDIT_EVENT).order_by(Log.id)
+        ).all()
+    return [tuple(row) for row in rows]
+
+
+@pytest.fixture
+def stored_variables() -> Iterator[Callable[..., None]]:
+    """Store Variables in the metadata database, as ``airflow variables set`` does; deleted afterwards."""
+    keys: list[str] = []
+
+    def store(**values: str) -> None:
+        with create_session(scoped=False) as writer:
+            for key, value in values.items():
+                writer.add(Variable(key=key, val=value))
+                keys.append(key)
+
+    yield store
+    with create_session(scoped=False) as cleaner:
+        cleaner.execute(delete(Variable).where(Variable.key.in_(keys)))
+
+
+@pytest.fixture
+def stored_connection() -> Iterator[Callable[..., None]]:
+    """Store a Connection in the metadata database, as ``airflow connections add`` does."""
+    conn_ids: list[str] = []
+
+    def store(conn_id: str, **fields: Any) -> None:
+        with create_session(scoped=False) as writer:
+            writer.add(Connection(conn_id=conn_id, **fields))
+        conn_ids.append(conn_id)
+
+    yield store
+    with create_session(scoped=False) as cleaner:
+        cleaner.execute(delete(Connection).where(Connection.conn_id.in_(conn_ids)))
+
+
+@pytest.fixture
+def audit_listener(tmp_path: Path) -> Iterator[Any]:
+    """The audit listener plugin, deployed in a plugins folder and loaded by Airflow's plugin manager."""
+    folder = install_plugin_folder(tmp_path / "plugins", LISTENER_PLUGIN)
+    with plugins_loaded(folder) as listener_manager:
+        yield listener_manager
+
+
+@pytest.fixture
+def queue_policy(tmp_path: Path) -> Iterator[Any]:
+    """The deployment's ``airflow_local_settings.py`` with its ``task_instance_mutation_hook``."""
+    config = install_plugin_folder(tmp_path / "config", LOCAL_SETTINGS)
+    with local_settings_loaded(config) as local_settings:
+        yield local_settings
+
+
+@pytest.fixture
+def kafka_event_producer(tmp_path: Path) -> Iterator[Any]:
+    """
+    apache-airflow-providers-apache-kafka's event producer plugin, Dag-run and task events on, loaded from
+    its ``airflow.plugins`` entry point as a scheduler process loads it (its state is per process).
+    """
+    settings = {
+        "AIRFLOW__KAFKA_EVENT_PRODUCER__DAG_RUN_EVENTS_ENABLED": "True",
+        "AIRFLOW__KAFKA_EVENT_PRODUCER__TASK_INSTANCE_EVENTS_ENABLED": "True",
+        # No broker runs: the topic check after the lookup fails at once and is retried a minute later.
+        "AIRFLOW__KAFKA_EVENT_PRODUCER__TOPIC_CHECK_TIMEOUT": "1",
+        # What SchedulerJobRunner._execute sets (3.1+): the Task SDK's lookups then include the metastore.
+        "_AIRFLOW_PROCESS_CONTEXT": "server",
+    }
+    empty_plugins_folder = install_plugin_folder(tmp_path / "plugins")
+    with (
+        mock.patch.dict(os.environ, settings),
+        plugins_loaded(empty_plugins_folder, entry_point_modules=[KAFKA_PLUGIN_MODULE]),
+    ):
+        import importlib
+
+        yield importlib.import_module(KAFKA_PLUGIN_MODULE)
+
+
+@pytest.mark.need_serialized_dag
+class TestSchedulerJob:
+    runner: Any
+
+    @pytest.fixture(autouse=True)
+    def per_test(self) -> Iterator[None]:
+        _clean_db()
+        yield
+        _clean_db()
+
+    def _hung_ti(self, dag_maker: DagMaker, session: Session, dag_id: str, **operator: Any) -> Any:
+        """A one-task Dag whose only task instance has stopped heartbeating."""
+        with dag_maker(dag_id=dag_id, schedule=None, session=session):
+            _empty_operator("stall", **operator)
+        dag_run = dag_maker.create_dagrun(run_id=f"run_{dag_id}", state=DagRunState.RUNNING)
+        return _make_running(dag_run.get_task_instance("stall", session=session), self.runner, session)
+
+    def _purge(self, session: Session) -> list[Any]:
+        """One heartbeat-timeout scan and purge in ``session``, committed as the scheduler loop does."""
+        found = self.runner._find_task_instances_without_heartbeats(session=session)
+        if found:
+            self.runner._purge_task_instances_without_heartbeats(found, session=session)
+        session.commit()
+        return found
+
+    def _queued_runs(self, dag_maker: DagMaker, session: Session, *dag_ids: str) -> None:
+        """An unpaused Dag per id with one QUEUED run: the next scheduling pass starts them."""
+        for dag_id in dag_ids:
+            with dag_maker(dag_id=dag_id, schedule=None, session=session):
+                _empty_operator("work")
+            dag_maker.create_dagrun(run_id=f"run_{dag_id}", state=DagRunState.QUEUED)
+            session.execute(update(DagModel).where(DagModel.dag_id == dag_id).values(is_paused=False))
+        session.commit()
+
+    def _started(self, session: Session) -> dict[str, bool]:
+        """Whether each Dag's run has left QUEUED without failing (its EmptyOperator may finish it)."""
+        rows = session.execute(select(DagRun.dag_id, DagRun.state)).all()
+        return {dag_id: state in (DagRunState.RUNNING, DagRunState.SUCCESS) for dag_id, state in rows}
+
+    # -- Listener plugins ----------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("retries", [pytest.param(0, id="no_retries"), pytest.param(1, id="retryable")])
+    def test_heartbeat_timeout_with_failure_listener_converges(
+        self, dag_maker, session, audit_listener, retries
+    ):
+        """The listener's ``on_task_instance_failed`` writes through ``create_session()`` mid-purge."""
+        self.runner = new_runner(session)
+        ti = self._hung_ti(dag_maker, session, "nested_hb_listener", retries=retries)
+
+        error = _failure_of(lambda: self._purge(session), session)
+
+        assert error is None, f"the heartbeat-timeout purge failed: {error!r}"
+        assert self._purge(session) == [], "the next scan found the same try again"
+        assert len(_task_callbacks(session, ti, try_number=1)) == 1
+        if retries:
+            _assert_retried_once(session, ti)
+        else:
+            assert _final_state(session, ti) == TaskInstanceState.FAILED
+        assert _audit_rows() == [("nested_hb_listener", "run_nested_hb_listener", "failed: try 1")]
+
+    def test_executor_event_with_failure_listener_retries_the_try(self, dag_maker, session, audit_listener):
+        """A worker its executor reports FAILED, with a retry left: the listener writes mid-batch."""
+        self.runner = new_runner(session)
+        executor = default_executor(self.runner)
+        ti = self._hung_ti(dag_maker, session, "nested_event_listener", retries=1)
+        _report_event(executor, ti, TaskInstanceState.FAILED)
+
+        error = _failure_of(lambda: self.runner._process_executor_events(executor, session), session)
+
+        assert error is None, f"executor-event processing failed: {error!r}"
+        _assert_retried_once(session, ti)
+        assert _audit_rows() == [("nested_event_listener", "run_nested_event_listener", "failed: try 1")]
+
+    def test_dag_run_listener_reading_variable_starts_queued_runs(
+        self, dag_maker, session, audit_listener, stored_variables
+    ):
+        """
+        ``on_dag_run_running`` reads a Variable and writes an audit row, inside ``_do_scheduling``'s
+        ``prohibit_commit`` (apache/airflow#39646, #73291).
+        """
+        stored_variables(**{CHANNEL_VARIABLE: CHANNEL})
+        self.runner = new_runner(session)
+        self._queued_runs(dag_maker, session, "nested_dr_first", "nested_dr_second")
+
+        errors = [_failure_of(lambda: self.runner._do_scheduling(session), session) for _ in range(2)]
+
+        assert errors == [None, None], f"the scheduling passes failed: {errors!r}"
+        assert self._started(session) == {"nested_dr_first": True, "nested_dr_second": True}
+        assert _audit_rows() == [
+            ("nested_dr_first", "run_nested_dr_first", f"running: channel={CHANNEL}"),
+            ("nested_dr_second", "run_nested_dr_second", f"running: channel={CHANNEL}"),
+        ]
+
+    # -- Cluster policies -----------------------------------------------------------------------------
+
+    def test_task_instance_mutation_hook_reading_variable_creates_scheduled_runs(
+        self, dag_maker, session, queue_policy, stored_variables
+    ):
+        """The deployment's policy reads a Variable for every task instance the scheduler creates."""
+        stored_variables(**{POLICY_QUEUE_VARIABLE: QUEUE})
+        self.runner = new_runner(session)
+        start = datetime.now(tz=timezone.utc) - timedelta(days=2)
+        with dag_maker(dag_id="nested_policy", schedule=timedelta(days=1), start_date=start, session=session):
+            _empty_operator("work")
+        session.execute(
+            update(DagModel)
+            .where(DagModel.dag_id == "nested_policy")
+            .values(is_paused=False, next_dagrun_create_after=start)
+        )
+        session.commit()
+
+        errors = [_failure_of(lambda: self.runner._do_scheduling(session), session) for _ in range(2)]
+
+        assert errors == [None, None], f"the scheduling passes failed: {errors!r}"
+        queues = session.scalars(select(TaskInstance.queue).where(TaskInstance.dag_id == "nested_policy"))
+        assert set(queues) == {QUEUE}, "no run was created, or the policy did not see the Variable"
+
+    # -- Airflow's own nested sessions ----------------------------------------------------------------
+
+    def test_variable_interval_deadline_creates_scheduled_runs(self, dag_maker, session, stored_variables):
+        """A deadline alert whose interval is a Variable, read at Dag-run creation (apache/airflow#71968)."""
+        from airflow.models.deadline import Deadline
+        from airflow.sdk import AsyncCallback, DeadlineAlert, DeadlineReference
+        from airflow.sdk.definitions.deadline import VariableInterval
+
+        stored_variables(**{DEADLINE_VARIABLE: "3600"})
+        self.runner = new_runner(session)
+        start = datetime.now(tz=timezone.utc) - timedelta(days=2)
+        alert = DeadlineAlert(
+            reference=DeadlineReference.DAGRUN_LOGICAL_DATE,
+            interval=VariableInterval(DEADLINE_VARIABLE),
+            callback=AsyncCallback(_deadline_missed),
+        )
+        with dag_maker(
+            dag_id="nested_deadline",
+            schedule=timedelta(days=1),
+            start_date=start,
+            deadline=alert,
+            session=session,
+        ):
+            _empty_operator("work")
+        session.execute(
+            update(DagModel)
+            .where(DagModel.dag_id == "nested_deadline")
+            .values(is_paused=False, next_dagrun_create_after=start)
+        )
+        session.commit()
+
+        # One pass: the next one finishes the run (its EmptyOperator needs no worker) and prunes its deadline.
+        error = _failure_of(lambda: self.runner._do_scheduling(session), session)
+
+        assert error is None, f"the scheduling pass failed: {error!r}"
+        runs = session.scalars(select(DagRun.id).where(DagRun.dag_id == "nested_deadline")).all()
+        deadlines = session.scalars(select(Deadline.dagrun_id).where(Deadline.dagrun_id.in_(runs))).all()
+        session.execute(delete(Deadline).where(Deadline.dagrun_id.in_(runs)))
+        session.commit()
+        assert runs and sorted(deadlines) == sorted(runs), "no run was created, or it has no deadline"
+
+    # -- A provider's listener plugin -----------------------------------------------------------------
+
+    def test_kafka_event_producer_plugin_starts_queued_runs(
+        self, dag_maker, session, kafka_event_producer, stored_connection
+    ):
+        """
+        The Kafka event producer builds its producer from the ``kafka_default`` Connection at its first
+        Dag-run event, inside ``_do_scheduling`` (apache/airflow#72138, open).
+        """
+        stored_connection(
+            "kafka_default", conn_type="kafka", extra='{"bootstrap.servers": "127.0.0.1:9", "log_level": 0}'
+        )
+        self.runner = new_runner(session)
+        self._queued_runs(dag_maker, session, "nested_kafka_first", "nested_kafka_second")
+
+        errors = [_failure_of(lambda: self.runner._do_scheduling(session), session) for _ in range(2)]
+
+        assert errors == [None, None], f"the scheduling passes failed: {errors!r}"
+        assert self._started(session) == {"nested_kafka_first": True, "nested_kafka_second": True}
+        assert kafka_event_producer._producer is not None, "the plugin did not find its Connection"
+
+    def test_heartbeat_timeout_with_email_alerts_sends_one_typed_callback(
+        self, dag_maker, session, stored_connection
+    ):
+        """
+        A try with a retry left, ``email_on_retry`` and ``on_retry_callback``: one callback of its retry
+        state, one retry e-mail. 3.0's scheduler sends the e-mail itself and looks up ``smtp_default``
+        for it; from 3.1 the scheduler asks the Dag processor to send it.
+        """
+        with smtp_server() as smtp:
+            stored_connection("smtp_default", conn_type="smtp", host="127.0.0.1", login="airflow")
+            smtp_settings = {
+                "AIRFLOW__SMTP__SMTP_HOST": "127.0.0.1",
+                "AIRFLOW__SMTP__SMTP_PORT": str(smtp.server_address[1]),
+                "AIRFLOW__SMTP__SMTP_MAIL_FROM": "airflow@example.com",
+                "AIRFLOW__SMTP__SMTP_STARTTLS": "False",
+            }
+            self.runner = new_runner(session)
+            ti = self._hung_ti(
+                dag_maker, session, "nested_email", retries=1, email=["ops@example.com"], callbacks=True
+            )
+
+            with mock.patch.dict(os.environ, smtp_settings):
+                error = _failure_of(lambda: self._purge(session), session)
+
+        assert error is None, f"the heartbeat-timeout purge failed: {error!r}"
+        callbacks = _task_callbacks(session, ti, try_number=1)
+        assert [request.task_callback_type for request in callbacks] == [TaskInstanceState.UP_FOR_RETRY]
+        _assert_retried_once(session, ti)
+        if EmailRequest is None:
+            assert [message["To"] for message in smtp.received] == ["ops@example.com"]
+        else:
+            requested = [r for r in _callback_requests(session) if isinstance(r, EmailRequest)]
+            assert [request.email_type for request in requested] == ["retry"]

@@ -39,6 +39,7 @@ from airflow.utils.session import create_session
 from airflow.utils.state import DagRunState, TaskInstanceState
 from sqlalchemy import delete, select, update
 
+from testing import killed_scheduler as harness
 from testing.plugins import (
     LISTENER_PLUGIN,
     LOCAL_SETTINGS,
@@ -46,7 +47,7 @@ from testing.plugins import (
     local_settings_loaded,
     plugins_loaded,
 )
-from testing.scheduler import default_executor, new_runner
+from testing.scheduler import default_executor, make_stale_for_job, new_runner
 from testing.smtp import smtp_server
 from tests.unit.jobs.test_scheduler_job import (
     EmailRequest,
@@ -58,6 +59,7 @@ from tests.unit.jobs.test_scheduler_job import (
     _make_running,
     _report_event,
     _task_callbacks,
+    _tries,
 )
 
 if TYPE_CHECKING:
@@ -76,6 +78,8 @@ AUDIT_EVENT, CHANNEL_VARIABLE = "heartbeat-fix-audit", "heartbeat_fix_audit_chan
 POLICY_QUEUE_VARIABLE = "heartbeat_fix_policy_queue"
 #: The Variable a ``VariableInterval`` deadline alert reads its interval from, in seconds.
 DEADLINE_VARIABLE = "heartbeat_fix_deadline_seconds"
+#: How long a real scheduler gets to fail the hung try for retry (it scans every second).
+CONVERGE_TIMEOUT = 60.0
 #: The Kafka provider's event producer plugin module: it reads its configuration when imported.
 KAFKA_PLUGIN_MODULE = "airflow.providers.apache.kafka.plugins.event_producer"
 
@@ -387,3 +391,70 @@ class TestSchedulerJob:
         else:
             requested = [r for r in _callback_requests(session) if isinstance(r, EmailRequest)]
             assert [request.email_type for request in requested] == ["retry"]
+
+
+@pytest.mark.usefixtures("scheduler_rows_cleared")
+class TestRealScheduler:
+    """A real ``airflow scheduler`` with the audit listener plugin in its plugins folder."""
+
+    @pytest.fixture(autouse=True)
+    def per_test(self) -> Iterator[None]:
+        _clean_db()
+        yield
+        _clean_db()
+
+    def test_failure_listener_does_not_crash_a_retry(self, dag_maker, session, tmp_path):
+        """
+        A hung try with a retry left: the scheduler's purge fails it for retry, the listener writes its
+        audit row through ``create_session()``; the scheduler stays up and sends one callback for the try.
+        """
+        from airflow_heartbeat_fix.activation import is_enabled
+
+        home = tmp_path / "home"
+        install_plugin_folder(home / "plugins", LISTENER_PLUGIN)
+        with dag_maker(dag_id="nested_real_scheduler", schedule=None, session=session):
+            _empty_operator("stall", retries=1)
+        dag_run = dag_maker.create_dagrun(run_id="run_nested_real_scheduler", state=DagRunState.RUNNING)
+        ti = dag_run.get_task_instance("stall", session=session)
+        scheduler = harness.start_scheduler(
+            "listener-scheduler",
+            home,
+            fix_enabled=is_enabled(),
+            AIRFLOW__CORE__PLUGINS_FOLDER=str(home / "plugins"),
+        )
+        try:
+            job_id = harness.scheduler_job(scheduler, known=set())
+            harness.check_activation(scheduler, is_enabled())
+            make_stale_for_job([ti], job_id, session)
+            outcome = _until_converged(scheduler, ti)
+            scheduler_log = scheduler.read_log()
+        finally:
+            scheduler.stop()
+
+        assert harness.loop_crash(scheduler_log) is None, (
+            f"the scheduler crashed: {harness.loop_crash(scheduler_log)}"
+        )
+        assert outcome == "converged", f"the hung try was not failed for retry: {outcome}"
+        with create_session(scoped=False) as reader:
+            _assert_retried_once(reader, ti)
+            assert len(_task_callbacks(reader, ti, try_number=1)) == 1
+        assert _audit_rows() == [("nested_real_scheduler", "run_nested_real_scheduler", "failed: try 1")]
+
+
+def _until_converged(scheduler: Any, ti: Any) -> str:
+    """Wait until ``ti``'s try 1 has left RUNNING and two more scans ran; or say what happened instead."""
+    import time
+
+    deadline = time.monotonic() + CONVERGE_TIMEOUT
+    while time.monotonic() < deadline:
+        if scheduler.popen.poll() is not None or harness.loop_crash(scheduler.read_log()):
+            return "the scheduler exited"
+        with create_session(scoped=False) as reader:
+            states = [state for number, state, _ in _tries(reader, ti) if number == 1]
+        if states and all(
+            state == TaskInstanceState.FAILED or state == TaskInstanceState.UP_FOR_RETRY for state in states
+        ):
+            time.sleep(2 * harness.PURGE_EVERY)
+            return "converged"
+        time.sleep(0.2)
+    return f"still {states} after {CONVERGE_TIMEOUT:.0f} s"

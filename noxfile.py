@@ -73,7 +73,11 @@ TWINE = "6.2.0"
 BENCH_SMOKE = ["3.3.2", NEWEST]
 #: What the distributions must carry: the license, the demo's Dags; the tests with their conftest and the
 #: test support they import (``testing/``, which the wheel leaves out).
-WHEEL_MUST_HOLD = ("licenses/LICENSE", "airflow_heartbeat_fix/demo/dags/retry_after_heartbeat_timeout.py")
+WHEEL_MUST_HOLD = (
+    "licenses/LICENSE",
+    "airflow_heartbeat_fix/demo/dags/retry_after_heartbeat_timeout.py",
+    "airflow_heartbeat_fix/demo/plugins/heartbeat_fix_audit_listener.py",
+)
 SDIST_MUST_HOLD = (
     "LICENSE",
     "tests/conftest.py",

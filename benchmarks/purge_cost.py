@@ -17,7 +17,10 @@ fixed interleaved, on a database migrated once per release:
 * idle: the scheduler loop's ``_do_scheduling`` plus heartbeat check over 100 running Dag runs that
   have no timeouts: statements and wall per loop;
 * storm: 200 Dag runs failing at once with a Dag ``on_failure_callback``: loops until all are failed,
-  statements, wall, Dag callbacks stored.
+  statements, wall, Dag callbacks stored;
+* listener: the purge again, with a listener plugin whose ``on_task_instance_failed`` writes an audit row
+  through its own ``create_session()`` (``testing/plugin_files``): one nested session per task instance;
+  the statements each nested session adds over the same purge without the plugin.
 
 Statement counts are exact; walls depend on the machine's load. ``--smoke`` (N = 20, one repeat) fails
 only when the fixed purge does not converge every task instance with exactly one callback.
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks import _setup
+from testing.plugins import LISTENER_PLUGIN, install_plugin_folder, plugins_loaded
 from testing.scheduler import StatementCounter, make_stale, new_runner
 
 if TYPE_CHECKING:
@@ -79,7 +83,26 @@ def _left_running(session: Session, dag_id: str) -> int:
     return int(session.scalar(running) or 0)
 
 
-def measure_purge(n: int, retries: int, *, memory: bool) -> dict[str, Any]:
+def _audit_rows(session: Session) -> int:
+    """Rows the listener plugin wrote: one per nested session it opened."""
+    from airflow.models.log import Log
+    from sqlalchemy import func, select
+
+    return int(session.scalar(select(func.count()).where(Log.event == "heartbeat-fix-audit")) or 0)
+
+
+def measure_purge(n: int, retries: int, *, memory: bool, listener: bool = False) -> dict[str, Any]:
+    import contextlib
+    import tempfile
+
+    with contextlib.ExitStack() as plugins:
+        if listener:
+            folder = Path(plugins.enter_context(tempfile.TemporaryDirectory(prefix="hbfix-bench-plugins-")))
+            plugins.enter_context(plugins_loaded(install_plugin_folder(folder, LISTENER_PLUGIN)))
+        return _measure_purge(n, retries, memory=memory)
+
+
+def _measure_purge(n: int, retries: int, *, memory: bool) -> dict[str, Any]:
     from airflow.utils.session import create_session
 
     with create_session() as session:
@@ -102,6 +125,7 @@ def measure_purge(n: int, retries: int, *, memory: bool) -> dict[str, Any]:
     with create_session() as session:
         callbacks = _task_callbacks_per_try(session, "bench_purge")
         left_running = _left_running(session, "bench_purge")
+        nested_sessions = _audit_rows(session)
     return {
         "n": created,
         "wall": wall,
@@ -114,6 +138,7 @@ def measure_purge(n: int, retries: int, *, memory: bool) -> dict[str, Any]:
         "left_running": left_running,
         "callbacks": sum(callbacks.values()),
         "tis_with_one_callback": sum(1 for count in callbacks.values() if count == 1),
+        "nested_sessions": nested_sessions,
     }
 
 
@@ -233,7 +258,7 @@ def run_child(args: argparse.Namespace) -> None:
         _setup.clear_tables()
         try:
             if args.child == "purge":
-                result = measure_purge(args.n[0], args.retries[0], memory=args.memory)
+                result = measure_purge(args.n[0], args.retries[0], memory=args.memory, listener=args.listener)
             elif args.child == "idle":
                 result = measure_idle()
             else:
@@ -312,6 +337,7 @@ def measure_version(args: argparse.Namespace) -> dict[str, Any]:
     version = _airflow_version()
     python = sys.executable
     out: dict[str, Any] = {"version": version, "db": args.db, "purge": [], "idle": {}, "storm": {}}
+    out["listener"] = []
     db_url = args.db_url or default_db_url(args.db, version)
     common = ["--db-url", db_url]
     spawn(python, "fixed", ["--child", "prepare", *common])
@@ -329,6 +355,15 @@ def measure_version(args: argparse.Namespace) -> dict[str, Any]:
             out["purge"].append(
                 {"n": n, "retries": retries, **{mode: _summary(repeats) for mode, repeats in by_mode.items()}}
             )
+    if "listener" in args.scenarios:
+        for n in args.n:
+            for retries in args.retries:
+                argv = ["--child", "purge", "--listener", "--n", str(n), "--retries", str(retries), *common]
+                by_mode = {mode: Repeats([spawn(python, mode, argv)]) for mode in MODES}
+                _progress(f"{version} {args.db} purge with a listener n={n} retries={retries}")
+                out["listener"].append(
+                    {"n": n, "retries": retries, **{mode: _summary(r) for mode, r in by_mode.items()}}
+                )
     for what in ("idle", "storm"):
         if what not in args.scenarios:
             continue
@@ -538,8 +573,35 @@ def fit_table(versions: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def listener_table(versions: list[dict[str, Any]]) -> str:
+    """The purge with the listener plugin against the same purge without it: the cost of a nested session."""
+    lines = _header(
+        "purge with a listener", "db", "N", "retries", "mode", "statements/TI", "without the listener",
+        "nested sessions", "extra statements per nested session", "converged",
+    )  # fmt: skip
+    for report in versions:
+        plain = {(row["n"], row["retries"]): row for row in report["purge"]}
+        for row in report.get("listener", []):
+            for mode in MODES:
+                s, without = row[mode], plain.get((row["n"], row["retries"]), {}).get(mode)
+                per_ti = f"{s['statements'] / s['n']:.3f}" if s.get("n") else "-"
+                base = f"{without['statements'] / without['n']:.3f}" if without and without.get("n") else "-"
+                extra = "-"
+                if without and not s["error"] and not without["error"] and s.get("nested_sessions"):
+                    extra = f"{(s['statements'] - without['statements']) / s['nested_sessions']:.2f}"
+                outcome = "yes" if s["converged"] else "no" + (f" ({s['error'][:40]})" if s["error"] else "")
+                lines.append(
+                    f"| {report['version']} | {report['db']} | {row['n']} | {row['retries']} | {mode} "
+                    f"| {per_ti} | {base} | {s.get('nested_sessions', 0)} | {extra} | {outcome} |"
+                )
+    return "\n".join(lines)
+
+
 def print_tables(versions: list[dict[str, Any]]) -> None:
     print(purge_table(versions))
+    if any(report.get("listener") for report in versions):
+        print()
+        print(listener_table(versions))
     print()
     print(fit_table(versions))
     print()
@@ -563,7 +625,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n", type=_ints, default=[500, 2000], help="stale task instances, e.g. 500,2000")
     parser.add_argument("--retries", type=_ints, default=[0, 1], help="task retries, e.g. 0,1")
     parser.add_argument("--repeats", type=int, default=5, help="fresh-process runs per mode")
-    parser.add_argument("--scenarios", default="idle,storm", help="besides the purge: idle,storm or none")
+    parser.add_argument(
+        "--scenarios", default="idle,storm", help="besides the purge: idle,storm,listener or none"
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc runs")
     parser.add_argument("--airflow", help="releases to run, each in .venvs/airflow-<v> (e.g. 3.2.2,3.4.0b2)")
     parser.add_argument("--json", dest="json_out", help="also write the results as JSON to this file")
@@ -573,6 +637,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--child", choices=("prepare", "purge", "idle", "storm"), help=argparse.SUPPRESS)
     parser.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--listener", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--emit-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.smoke:

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
+from airflow_heartbeat_fix.demo.config import LISTENER_PLUGIN_FILE
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
-#: The plug-ins the tests install: a listener plugin file and an ``airflow_local_settings.py``.
-PLUGIN_FILES = Path(__file__).with_name("plugin_files")
-LISTENER_PLUGIN = PLUGIN_FILES / "heartbeat_fix_audit_listener.py"
-LOCAL_SETTINGS = PLUGIN_FILES / "airflow_local_settings.py"
+#: The plug-ins the tests install: the demo's listener plugin file and an ``airflow_local_settings.py``.
+LISTENER_PLUGIN = LISTENER_PLUGIN_FILE
+LOCAL_SETTINGS = Path(__file__).with_name("plugin_files") / "airflow_local_settings.py"
 
 
 def install_plugin_folder(folder: Path, *plugin_files: Path) -> Path:

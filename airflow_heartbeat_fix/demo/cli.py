@@ -34,6 +34,7 @@ from airflow_heartbeat_fix.demo.config import (
     default_home,
     find_dag_sources,
     installed_airflow_version,
+    listener_plugin_sources,
 )
 from airflow_heartbeat_fix.demo.database import (
     DEMO_TABLE,
@@ -137,6 +138,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--settle", type=float, default=6.0, help="seconds to watch for late callbacks (default 6)"
     )
+    parser.add_argument(
+        "--listener",
+        action="store_true",
+        help="deploy a listener plugin whose on_task_instance_failed writes an audit row through its own "
+        "create_session(), as a deployment's plugins do (stock 3.4 then dies at the first retry)",
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -190,6 +197,7 @@ def build_config(args: argparse.Namespace) -> DemoConfig:
         html_path=(args.html_path or home / REPORT_NAME).absolute(),
         reset_database=args.reset_database,
         topology=topology,
+        plugin_sources=listener_plugin_sources() if args.listener else {},
     )
 
 

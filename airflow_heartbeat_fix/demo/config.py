@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 #: The top-level ``dags/``, installed as this package (``package-dir`` in pyproject.toml).
 DAGS_PACKAGE = "airflow_heartbeat_fix.demo.dags"
+#: ``--listener``'s plugin: package data of the demo, copied into the run's plugins folder.
+LISTENER_PLUGIN_FILE = Path(__file__).with_name("plugins") / "heartbeat_fix_audit_listener.py"
 LABELS = ("stock", "fixed")
 
 
@@ -48,6 +50,8 @@ class DemoConfig:
     html_path: Path | None = None
     reset_database: bool = False
     topology: Topology = field(default_factory=Topology)
+    #: the plugins folder's files (``--listener``): name -> source
+    plugin_sources: dict[str, str] = field(default_factory=dict)
 
     @property
     def db_label(self) -> str:
@@ -73,6 +77,11 @@ def find_dag_sources(explicit: Path | None, dag_ids: tuple[str, ...] = DAG_IDS) 
     if missing:
         raise UsageError(f"--dags {folder} lacks {', '.join(missing)}")
     return str(folder), {name: (folder / name).read_text(encoding="utf-8") for name in names}
+
+
+def listener_plugin_sources() -> dict[str, str]:
+    """``--listener``: the plugins folder holding the demo's listener plugin."""
+    return {LISTENER_PLUGIN_FILE.name: LISTENER_PLUGIN_FILE.read_text(encoding="utf-8")}
 
 
 def airflow_executable() -> Path:

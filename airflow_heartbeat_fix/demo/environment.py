@@ -37,6 +37,7 @@ def airflow_process_env(
         {
             "AIRFLOW_HOME": str(home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             # Frozen tries keep their LocalExecutor worker busy for good: 4 tries in all, so 8 is plenty.
@@ -106,12 +107,18 @@ def isolated_env(
     return bytecode_env(env, airflow_compiled=airflow_is_compiled(), cache_dir=config.home / "pycache")
 
 
-def prepare_home(home: Path, dag_sources: dict[str, str]) -> None:
-    """A fresh run home: logs, a temp dir, the Dags, and the email subject template they render."""
+def prepare_home(
+    home: Path, dag_sources: dict[str, str], plugin_sources: dict[str, str] | None = None
+) -> None:
+    """
+    A fresh run home: logs, a temp dir, the Dags, the email subject template they render, and the
+    plugins folder (``$AIRFLOW_HOME/plugins``, Airflow's default) with ``plugin_sources``.
+    """
     if home.exists():
         shutil.rmtree(home)
-    for sub in ("logs", "tmp", "dags"):
+    for sub in ("logs", "tmp", "dags", "plugins"):
         (home / sub).mkdir(parents=True)
-    for name, text in dag_sources.items():
-        (home / "dags" / name).write_text(text, encoding="utf-8")
+    for folder, sources in (("dags", dag_sources), ("plugins", plugin_sources or {})):
+        for name, text in sources.items():
+            (home / folder / name).write_text(text, encoding="utf-8")
     (home / "email_subject.j2").write_text(SUBJECT_TEMPLATE, encoding="utf-8")

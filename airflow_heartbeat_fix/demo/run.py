@@ -213,7 +213,7 @@ class DemoRun:
 
     def prepare(self) -> None:
         """A fresh home with the Dags, and a fresh database (see :meth:`prepare_database`)."""
-        prepare_home(self.home, self.config.dag_sources)
+        prepare_home(self.home, self.config.dag_sources, self.config.plugin_sources)
         self.progress.update("preparing database", self.config.db_label)
         self.prepare_database()
         self.db = Db(self.database_url, self.dag_ids)

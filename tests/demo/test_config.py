@@ -36,3 +36,16 @@ def test_dag_sources_from_a_directory_missing_a_dag(tmp_path: Path) -> None:
     (tmp_path / f"{RETRY}.py").write_text("# nothing\n")
     with pytest.raises(config.DemoError, match=f"lacks {CB}.py"):
         config.find_dag_sources(tmp_path)
+
+
+def test_listener_option_deploys_the_installed_listener_plugin(tmp_path: Path) -> None:
+    """``--listener``: the plugins folder holds the listener plugin shipped with the package, as is."""
+    from airflow_heartbeat_fix.demo import cli
+
+    with_listener = cli.build_config(cli.parse_args(["--home", str(tmp_path), "--listener"]))
+    without = cli.build_config(cli.parse_args(["--home", str(tmp_path)]))
+
+    source = config.LISTENER_PLUGIN_FILE.read_text(encoding="utf-8")
+    assert with_listener.plugin_sources == {"heartbeat_fix_audit_listener.py": source}
+    assert "def on_task_instance_failed" in source and "create_session()" in source
+    assert without.plugin_sources == {}

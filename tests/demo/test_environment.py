@@ -52,3 +52,9 @@ def test_prepare_home_writes_dags_and_subject_template(tmp_path: Path) -> None:
     assert (home / "dags" / "a.py").read_text() == "x = 1\n"
     assert (home / "logs").is_dir() and (home / "tmp").is_dir()
     assert (home / "email_subject.j2").read_text() == records.SUBJECT_TEMPLATE
+    assert list((home / "plugins").iterdir()) == []
+
+
+def test_prepare_home_writes_the_plugins_folder(tmp_path: Path) -> None:
+    environment.prepare_home(tmp_path / "fixed", {}, {"listener.py": "y = 2\n"})
+    assert (tmp_path / "fixed" / "plugins" / "listener.py").read_text() == "y = 2\n"

@@ -2,7 +2,8 @@
 A listener plugin as deployments write them: it records what it sees in the metadata database, through
 its own ``create_session()``, and reads its settings from a ``Variable``.
 
-Copied into a plugins folder by the tests (``testing.plugins``); Airflow imports it by its file name.
+Package data, never imported from the package: ``airflow-heartbeat-fix demo --listener`` and the tests
+(``testing.plugins``) copy it into a plugins folder, and Airflow imports it by its file name.
 """
 
 from __future__ import annotations

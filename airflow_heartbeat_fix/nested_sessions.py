@@ -31,6 +31,7 @@ anything commits its own writes when its savepoint is released; the loop's trans
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -247,8 +248,29 @@ class _InProcess:
         self._swapped.append((module, name, getattr(module, name), ours))
         setattr(module, name, ours)
 
+    def forget_in_child(self) -> None:
+        """In a forked process: undo the swaps at once (no other thread of the parent runs here)."""
+        self._lock = threading.Lock()
+        self._threads = 0
+        for module, name, original, ours in reversed(self._swapped):
+            if getattr(module, name) is ours:
+                setattr(module, name, original)
+        self._swapped.clear()
+
 
 _in_process = _InProcess()
+
+
+def _forget_in_child() -> None:
+    """
+    A process forked while a loop path runs (the LocalExecutor spawns workers from its heartbeat) is not
+    the scheduler loop: it starts with Airflow's own ``settings.Session`` and no hold.
+    """
+    _holder.depth, _holder.owner, _holder.owner_close = 0, None, None
+    _in_process.forget_in_child()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _is_thread_scoped(session: Session) -> bool:

@@ -10,6 +10,7 @@ back and closes the loop's session there), so they are independent of ``[heartbe
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import TYPE_CHECKING
 
@@ -157,3 +158,26 @@ def test_without_the_hold_a_nested_commit_commits_the_outer_transaction() -> Non
         with create_session() as nested:
             assert nested is outer
         assert _stored() == ["outer"]
+
+
+def test_a_process_forked_by_a_loop_path_is_not_held(loop: Session) -> None:
+    """The LocalExecutor forks its workers from the loop: a fork starts with Airflow's own sessions."""
+    loop.add(Log(event=EVENT, extra="loop"))
+    loop.flush()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what create_session() hands out there, then leave at once
+        os.close(read)
+        settings.Session.registry.clear()  # the parent's session (and connection) are not the child's
+        with create_session() as child:
+            kind = type(child).__name__
+        os.write(write, f"{kind} {settings.Session.__class__.__name__}".encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        seen = pipe.read()
+    os.waitpid(pid, 0)
+
+    assert seen == "Session scoped_session", f"the forked process was still held: {seen}"
+    loop.commit()
+    assert _stored() == ["loop"]

@@ -156,7 +156,17 @@ def queue_policy(tmp_path: Path) -> Iterator[Any]:
 
 
 @pytest.fixture
-def kafka_event_producer(tmp_path: Path) -> Iterator[Any]:
+def scheduler_process() -> Iterator[None]:
+    """
+    What ``SchedulerJobRunner._execute`` marks its process as (3.1+): a server, whose Task SDK lookups
+    (``airflow.sdk`` Connections and Variables) include the metastore. The loop paths run without it here.
+    """
+    with mock.patch.dict(os.environ, {"_AIRFLOW_PROCESS_CONTEXT": "server"}):
+        yield
+
+
+@pytest.fixture
+def kafka_event_producer(tmp_path: Path, scheduler_process: None) -> Iterator[Any]:
     """
     apache-airflow-providers-apache-kafka's event producer plugin, Dag-run and task events on, loaded from
     its ``airflow.plugins`` entry point as a scheduler process loads it (its state is per process).
@@ -166,8 +176,6 @@ def kafka_event_producer(tmp_path: Path) -> Iterator[Any]:
         "AIRFLOW__KAFKA_EVENT_PRODUCER__TASK_INSTANCE_EVENTS_ENABLED": "True",
         # No broker runs: the topic check after the lookup fails at once and is retried a minute later.
         "AIRFLOW__KAFKA_EVENT_PRODUCER__TOPIC_CHECK_TIMEOUT": "1",
-        # What SchedulerJobRunner._execute sets (3.1+): the Task SDK's lookups then include the metastore.
-        "_AIRFLOW_PROCESS_CONTEXT": "server",
     }
     empty_plugins_folder = install_plugin_folder(tmp_path / "plugins")
     with (
@@ -298,6 +306,7 @@ class TestSchedulerJob:
 
     # -- Airflow's own nested sessions ----------------------------------------------------------------
 
+    @pytest.mark.usefixtures("scheduler_process")  # 3.3.0/3.3.1 resolve the interval through the Task SDK
     def test_variable_interval_deadline_creates_scheduled_runs(self, dag_maker, session, stored_variables):
         """A deadline alert whose interval is a Variable, read at Dag-run creation (apache/airflow#71968)."""
         from airflow.models.deadline import Deadline

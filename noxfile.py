@@ -22,7 +22,7 @@ import re
 import shutil
 import sys
 import xml.etree.ElementTree as ET
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +109,31 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
+def interpreter(session: nox.Session, minor: str, why: str) -> str:
+    """
+    CPython ``minor``'s executable (``3.12``): the newest build under ``$(pyenv root)/versions`` (the
+    machine image carries 3.10 to 3.13 there), else ``python<minor>`` on PATH; missing, one line.
+    """
+    import os
+    import subprocess
+
+    roots = [os.environ.get("PYENV_ROOT") or "", str(Path.home() / ".pyenv")]
+    with suppress(OSError, subprocess.CalledProcessError):
+        pyenv_root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=True)
+        roots.insert(0, pyenv_root.stdout.strip())
+    builds = [
+        path
+        for root in filter(None, roots)
+        for path in Path(root, "versions").glob(f"{minor}.*/bin/python{minor}")
+        if re.fullmatch(rf"{re.escape(minor)}\.\d+", path.parent.parent.name)
+    ]
+    if builds:
+        return str(max(builds, key=lambda path: int(path.parent.parent.name.rsplit(".", 1)[1])))
+    if found := shutil.which(f"python{minor}"):
+        return found
+    session.error(f"{why} needs CPython {minor}: none under $(pyenv root)/versions or on PATH")
+
+
 def airflow_venv(session: nox.Session, version: str, extra: str | None = None) -> Path:
     """``.venvs/airflow-<version>``'s bin directory, creating or updating the environment if needed.
 
@@ -125,13 +150,18 @@ def airflow_venv(session: nox.Session, version: str, extra: str | None = None) -
     constraints = CONSTRAINTS / f"airflow-{version}.txt"
     extras = ",".join(["dev", *([extra] if extra else [])])
     release = version.split("-", 1)[0]  # a dependency set "3.1.8-sqlalchemy1.4" installs Airflow 3.1.8
+    python = interpreter(session, EXPECTATIONS.python_of(version), f"Airflow {version}")
     install = [f"apache-airflow=={release}", "-e", f"{ROOT}[{extras}]", "-c", str(constraints)]
     stamp = hashlib.sha256(
-        "\n".join([*install, constraints.read_text(), (ROOT / "pyproject.toml").read_text()]).encode()
+        "\n".join([python, *install, constraints.read_text(), (ROOT / "pyproject.toml").read_text()]).encode()
     ).hexdigest()
     with _locked(env.parent / f".{env.name}.lock"):
+        built_on = (env / ".python").read_text() if (env / ".python").exists() else None
+        if env.exists() and built_on != python:
+            shutil.rmtree(env)  # built on another Python (or before this was recorded): a venv keeps its own
         if not (env / "bin" / "python").exists():
-            session.run(uv, "venv", "--quiet", "--seed", "--python", sys.executable, str(env), external=True)
+            session.run(uv, "venv", "--quiet", "--seed", "--python", python, str(env), external=True)
+            (env / ".python").write_text(python)
         if (env / ".installed").exists() and (env / ".installed").read_text() == stamp:
             return env / "bin"
         # --compile-bytecode: this machine sets PYTHONDONTWRITEBYTECODE=1 and uv writes no .pyc by
@@ -342,10 +372,15 @@ def install_check(session: nox.Session, airflow: str) -> None:
                 f"pip install {target} would change Airflow {airflow}'s packages: {', '.join(moved)}"
             )
         session.log(f"Airflow {airflow}: pip install {target} would install only {', '.join(changed)}")
-    home = RESULTS / "cells" / f"install-{airflow}"
+    record_status(session, airflow, bin_dir)
+
+
+def record_status(session: nox.Session, version: str, bin_dir: Path) -> None:
+    """``status -o json`` in the environment of a release or dependency set: status-<version>.json."""
+    home = RESULTS / "cells" / f"install-{version}"
     home.mkdir(parents=True, exist_ok=True)
     # stdout only: nox sends stderr to stdout by default, and Airflow 3.1/3.2 log to stderr here.
-    with (RESULTS / f"status-{airflow}.json").open("w") as out, (home / "status.stderr").open("w") as err:
+    with (RESULTS / f"status-{version}.json").open("w") as out, (home / "status.stderr").open("w") as err:
         session.run(
             str(bin_dir / "airflow-heartbeat-fix"),
             *("status", "-o", "json"),
@@ -361,7 +396,7 @@ def install_check(session: nox.Session, airflow: str) -> None:
             stderr=err,
             external=True,
         )
-    session.log(f"Airflow {airflow}: status recorded")
+    session.log(f"Airflow {version}: status recorded")
 
 
 @nox.session(allow_parallel=True)
@@ -402,7 +437,10 @@ def sweep_full(session: nox.Session, airflow: str, mode: str) -> None:
 def tests_dependency_set(session: nox.Session, dependencies: str, mode: str) -> None:
     """tests/ of a release on another dependency set (see DEPENDENCY_SETS), on PostgreSQL."""
     cell = cell_name("tests", {"airflow": dependencies, "db": "postgres", "mode": mode})
-    run_suite(session, dependencies, "postgres", mode, cell)
+    # The whole suite, also for a sweep release's set (its line's newest patch runs all of it too).
+    run_suite(session, dependencies, "postgres", mode, cell, HEARTBEAT_FIX_SWEEP="full")
+    if mode == "fixed":
+        record_status(session, dependencies, airflow_venv(session, dependencies))
 
 
 #: The orphan-adoption tests with the real KubernetesExecutor of cncf-kubernetes 10.17.x (the ``kubernetes``

@@ -7,6 +7,7 @@ import configparser
 import contextlib
 import json
 import os
+import platform
 import sys
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
@@ -85,6 +86,7 @@ def status_document() -> dict[str, Any]:
     return {
         "package_version": __version__,
         "airflow_version": airflow_version,
+        "python_version": platform.python_version(),
         "supported_airflow": f"{support.AIRFLOW_CORE}{in_range.supported or ''}",
         "refusal": in_range.refusal,
         "enabled": switch.enabled,
@@ -117,7 +119,10 @@ def _print_status(document: dict[str, Any], output: str) -> None:
     elif output == "yaml":
         console.print_as_yaml(document)
     else:
-        print(f"airflow-heartbeat-fix {document['package_version']} on Airflow {document['airflow_version']}")
+        print(
+            f"airflow-heartbeat-fix {document['package_version']} on Airflow {document['airflow_version']}, "
+            f"Python {document['python_version']}"
+        )
         print(f"supported: {document['supported_airflow']}")
         print(f"[heartbeat_fix] enabled = {document['enabled']}")
         print(f"activation: {document['activation']}")

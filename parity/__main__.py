@@ -60,6 +60,22 @@ def read_statuses(results_dir: Path) -> dict[str, dict[str, str]]:
     return statuses
 
 
+def read_pythons(results_dir: Path) -> dict[str, str]:
+    """
+    Per release, the Python each ``status-<version>.json`` of it reports (``python_version``): the
+    release's own, then its dependency sets' (``3.10.13 (python3.10)``).
+    """
+    found: dict[str, list[str]] = {}
+    for path in sorted(results_dir.glob("**/status-*.json"), key=lambda path: ("-" in path.stem[7:], path)):
+        release, _, dependency_set = path.stem.removeprefix("status-").partition("-")
+        try:
+            python = str(json.loads(path.read_text(encoding="utf-8"))["python_version"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        found.setdefault(release, []).append(f"{python} ({dependency_set})" if dependency_set else python)
+    return {release: ", ".join(pythons) for release, pythons in found.items()}
+
+
 def checkout_commit() -> str:
     """This checkout's commit: the best guess of what was tested when --tested is not given."""
     try:
@@ -94,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parity: no <version>-<db>-<mode>.xml junit results under {args.results}", file=sys.stderr)
         return 2
 
-    report = build_report(expectations, results, unusable, read_statuses(args.results))
+    statuses, pythons = read_statuses(args.results), read_pythons(args.results)
+    report = build_report(expectations, results, unusable, statuses, pythons)
     provenance = {"Tested commit": args.tested or checkout_commit()}
     if stamps:
         provenance["Cells ran"] = f"{stamps[0]} to {stamps[-1]} (junit start timestamps)"

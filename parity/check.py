@@ -7,7 +7,7 @@ read and written in ``parity.__main__``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from airflow_heartbeat_fix.detection import FixState
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from parity.expectations import Expectations, TestExpectation
 
 
-class Outcome(StrEnum):
+class Outcome(str, Enum):
     PASSED = "passed"
     XFAILED = "xfailed"  # the suite's strict xfail: the test failed on stock Airflow, as it must there
     SKIPPED = "skipped"
@@ -28,6 +28,9 @@ class Outcome(StrEnum):
     ERROR = "error"
     MISSING = "missing"  # not in the cell's junit XML (deselected, not collected, or no XML at all)
     NOT_APPLICABLE = "n/a"  # only ever expected: declared not applicable in that cell
+
+    def __str__(self) -> str:  # as enum.StrEnum (3.11+) prints it
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,10 @@ def expected_outcome(expectations: Expectations, node: str, cell: Cell) -> Resul
     Fixed: every applicable test passes. Stock: strict xfail where the release has a bug it catches.
     A matrix cell has none of the package's extras but ``dev``, so a test that needs one is n/a there.
     """
-    reason = expectations.not_applicable(node, cell.release, cell.db, cell.mode)
+    # A dependency set's cells run the whole suite, also of a sweep release (HEARTBEAT_FIX_SWEEP=full).
+    reason = expectations.not_applicable(
+        node, cell.release, cell.db, cell.mode, sweep=cell.version == cell.release
+    )
     if reason is not None:
         return Result(Outcome.NOT_APPLICABLE, reason)
     if cell.mode == "stock":
@@ -196,6 +202,8 @@ class Report:
     undeclared: list[str]  # tests of mirrored modules that have no [[test]] entry
     unusable: dict[Cell, str]  # cells without results, and why
     compatibility: dict[str, dict[str, Compatibility]]  # release -> fix -> status
+    #: release -> the CPython its environment ran on, as ``status -o json`` recorded it next to the cells
+    pythons: dict[str, str] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         counts = dict.fromkeys(("pass", "xfail", "n/a", "missing", "FAIL"), 0)
@@ -235,11 +243,13 @@ def build_report(
     results: dict[Cell, dict[str, Result]],
     unusable: dict[Cell, str],
     statuses: Mapping[str, Mapping[str, str]] | None = None,
+    pythons: Mapping[str, str] | None = None,
 ) -> Report:
     """
     Judge every declared test in every matrix cell, and in any other release's cell that has results.
 
-    ``statuses``: per release, each fix's state as ``airflow-heartbeat-fix status`` reported it.
+    ``statuses``: per release, each fix's state as ``airflow-heartbeat-fix status`` reported it;
+    ``pythons``: per release, the Python it reported.
     """
     matrix = matrix_cells(expectations)
     extra = {cell for cell in results if cell.db in expectations.dbs and cell.mode in expectations.modes}
@@ -271,7 +281,8 @@ def build_report(
     unusable |= {
         cell: "no junit XML for it" for cell in matrix if cell not in results and cell not in unusable
     }
-    return Report(cells, rows, undeclared, unusable, compatibility(expectations, rows, cells, statuses or {}))
+    by_fix = compatibility(expectations, rows, cells, statuses or {})
+    return Report(cells, rows, undeclared, unusable, by_fix, dict(pythons or {}))
 
 
 def compatibility(

@@ -8,11 +8,15 @@ report can read it without Airflow installed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (pytest's own dependency there)
+    import tomli as tomllib
 
 from airflow_heartbeat_fix.detection import FIXES
 
@@ -89,6 +93,17 @@ class Expectations:
     tests: dict[str, TestExpectation]
     #: Releases swept on SQLite only (fixed + stock); ``versions`` get every db x mode.
     sweep: tuple[str, ...] = ()
+    #: The CPython minor each release's environment is built on, where it is not ``default_python``.
+    pythons: dict[str, str] = field(default_factory=dict)
+    default_python: str = "3.11"
+
+    def python_of(self, version: str) -> str:
+        """
+        The CPython (``3.12``) that ``version``'s cells run on: a release's, or a dependency set's
+        (``3.0.6-python3.10``), which is its release's unless named.
+        """
+        release = version.split("-", 1)[0]
+        return self.pythons.get(version) or self.pythons.get(release, self.default_python)
 
     @property
     def all_versions(self) -> tuple[str, ...]:
@@ -118,19 +133,26 @@ class Expectations:
         return tuple(self.bugs[name] for name in entry.catches if version in self.bugs[name].versions)
 
     def not_applicable(
-        self, nodeid: str, version: str, db: str, mode: str, extras: frozenset[str] = frozenset()
+        self,
+        nodeid: str,
+        version: str,
+        db: str,
+        mode: str,
+        extras: frozenset[str] = frozenset(),
+        *,
+        sweep: bool = True,
     ) -> str | None:
-        """Why ``nodeid`` does not run in that cell (with the package's ``extras`` installed), or ``None``."""
+        """
+        Why ``nodeid`` does not run in that cell (with the package's ``extras`` installed), or ``None``.
+        ``sweep=False``: the cell runs the whole suite although ``version`` is a sweep release (a
+        dependency set's cells, ``nox -s sweep_full``).
+        """
         entry = self.for_node(nodeid)
         if entry is None:
             return None
-        if version in self.sweep and not _swept(entry):
+        if sweep and version in self.sweep and not _swept(entry):
             return SWEEP_RULE
         return next((na.reason for na in entry.not_applicable if na.covers(version, db, mode, extras)), None)
-
-    def left_out_of_sweep(self, nodeid: str, version: str) -> bool:
-        """Whether ``version`` is a sweep release whose cells leave ``nodeid`` out (:data:`SWEEP_RULE`)."""
-        return version in self.sweep and not _swept(self.for_node(nodeid))
 
 
 def _swept(entry: TestExpectation | None) -> bool:
@@ -261,6 +283,15 @@ def parse(data: dict[str, Any]) -> Expectations:
     matrix["sweep"] = _strings(raw_matrix.get("sweep", []), "[matrix].sweep")
     if twice := set(matrix["versions"]) & set(matrix["sweep"]):
         raise ExpectationsError(f"[matrix]: {sorted(twice)} in both versions and sweep")
+    pythons = raw_matrix.get("python", {})
+    default_python = raw_matrix.get("python_default", "3.11")
+    named = [*pythons.values(), default_python] if isinstance(pythons, dict) else []
+    if not isinstance(pythons, dict) or not all(isinstance(v, str) for v in named):
+        raise ExpectationsError("[matrix].python maps releases to CPython versions; python_default is one")
+    if unknown := {
+        name for name in pythons if name.split("-", 1)[0] not in matrix["versions"] + matrix["sweep"]
+    }:
+        raise ExpectationsError(f"[matrix].python names releases not in the matrix: {sorted(unknown)}")
     raw_bugs, raw_sources = data.get("bugs", {}), data.get("sources", {})
     if not isinstance(raw_bugs, dict) or not isinstance(raw_sources, dict):
         raise ExpectationsError("[bugs] and [sources] must be tables")
@@ -279,6 +310,8 @@ def parse(data: dict[str, Any]) -> Expectations:
         sources=sources,
         tests=_tests(data.get("test", []), bugs, sources, matrix),
         sweep=matrix["sweep"],
+        pythons=dict(pythons),
+        default_python=default_python,
     )
 
 

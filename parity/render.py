@@ -35,9 +35,9 @@ def compatibility_table(report: Report, expectations: Expectations) -> list[str]
     """Release x fix: needed or not, with the stock results that prove it."""
     fixes = list(dict.fromkeys(bug.fix for bug in expectations.bugs.values()))
     return _table(
-        ["Release", *(f"`{fix}`" for fix in fixes)],
+        ["Release", "Python", *(f"`{fix}`" for fix in fixes)],
         [
-            [version, *(by_fix[fix].label for fix in fixes)]
+            [version, report.pythons.get(version, "-"), *(by_fix[fix].label for fix in fixes)]
             for version, by_fix in report.compatibility.items()
         ],
     )

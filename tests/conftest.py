@@ -108,8 +108,7 @@ def _deselect_not_applicable(
     elsewhere = [
         item
         for item in items
-        if (sweep_rule and expectations.left_out_of_sweep(item.nodeid, version))
-        or expectations.not_applicable(item.nodeid, version, db, mode, extras)
+        if expectations.not_applicable(item.nodeid, version, db, mode, extras, sweep=sweep_rule)
     ]
     if elsewhere:
         config.hook.pytest_deselected(items=elsewhere)

@@ -173,6 +173,7 @@ def test_status_json_reports_each_fix() -> None:
     assert set(document) == {
         "package_version",
         "airflow_version",
+        "python_version",
         "supported_airflow",
         "refusal",
         "enabled",
@@ -394,3 +395,98 @@ def test_airflow_plugins_lists_heartbeat_fix() -> None:
     assert result.returncode == 0, result.stderr
     names = [plugin["name"] for plugin in json.loads(result.stdout[result.stdout.index("[") :])]
     assert names.count("heartbeat_fix") == 1
+
+
+#: A scheduled Dag for the deployment-policies test: its runs are due, so the scheduler creates one.
+POLICY_DAG = """
+from datetime import datetime, timedelta, timezone
+
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG
+
+with DAG(
+    "heartbeat_fix_deployment_policies",
+    schedule=timedelta(days=1),
+    start_date=datetime.now(tz=timezone.utc) - timedelta(days=3),
+    catchup=False,
+):
+    EmptyOperator(task_id="work")
+"""
+
+
+@pytest.fixture
+def policy_dag_rows_cleared() -> Any:
+    """The deployment-policies test's Dag, runs and Variable: none left behind."""
+    from airflow.models.dag import DagModel
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.variable import Variable
+    from airflow.utils.session import create_session
+    from sqlalchemy import delete
+    from tests_common.test_utils.db import clear_db_dags, clear_db_runs, clear_db_serialized_dags
+
+    def clear() -> None:
+        clear_db_runs()
+        clear_db_serialized_dags()
+        clear_db_dags()
+        with create_session(scoped=False) as cleaner:
+            for model in (TaskInstance, DagRun):
+                cleaner.execute(delete(model).where(model.dag_id == "heartbeat_fix_deployment_policies"))
+            cleaner.execute(delete(DagModel).where(DagModel.dag_id == "heartbeat_fix_deployment_policies"))
+            cleaner.execute(delete(Variable).where(Variable.key == "heartbeat_fix_policy_queue"))
+
+    clear()
+    yield
+    clear()
+
+
+@pytest.mark.usefixtures("scheduler_rows_cleared", "policy_dag_rows_cleared")
+def test_deployment_local_settings_apply_next_to_the_fixes(tmp_path: Path) -> None:
+    """
+    A deployment's ``$AIRFLOW_HOME/config/airflow_local_settings.py`` (``dag_policy``, ``task_policy``,
+    ``task_instance_mutation_hook``) and the package's ``airflow.policy`` entry point in the same
+    processes: Airflow applies the deployment's policies (at parse time, and at task instance creation in
+    the scheduler, where the hook's Variable lookup is a nested session), the scheduler runs the fixes,
+    and ``status`` says so. The package defines no policy, so nothing of the deployment's is overridden.
+    """
+    from airflow.models.dag import DagModel, DagTag
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.variable import Variable
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from testing.plugins import LOCAL_SETTINGS, install_plugin_folder
+
+    home = tmp_path / "home"
+    install_plugin_folder(home / "config", LOCAL_SETTINGS)
+    (home / "dags").mkdir(parents=True)
+    (home / "dags" / "deployment_policies.py").write_text(POLICY_DAG, encoding="utf-8")
+    env = {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    }
+    with create_session(scoped=False) as writer:
+        writer.add(Variable(key="heartbeat_fix_policy_queue", val="deployment-queue"))
+
+    parsed = _run([AIRFLOW, "dags", "reserialize"], enabled=True, env=env)
+    assert parsed.returncode == 0, (parsed.stdout + parsed.stderr)[-4000:]
+    scheduler = _run([AIRFLOW, "scheduler", "--num-runs", "3", "--skip-serve-logs"], enabled=True, env=env)
+    output = scheduler.stdout + scheduler.stderr
+    assert scheduler.returncode == 0, output[-4000:]
+    assert [_summary(True) in line for line in _start_lines(output)] == [True], output[-4000:]
+    status = _run([STATUS, "status", "-o", "json"], enabled=True, env=env)
+    document = json.loads(status.stdout)
+    assert status.returncode == 0 and document["ok"], status.stderr[-2000:]
+    states = {row["fix"]: row["state"] for row in document["fixes"]}
+    assert {fix for fix, state in states.items() if state == FixState.ACTIVE.value} == set(_needed_fixes())
+
+    dag_id = "heartbeat_fix_deployment_policies"
+    with create_session(scoped=False) as reader:
+        tags = set(reader.scalars(select(DagTag.name).where(DagTag.dag_id == dag_id)))
+        owners = reader.scalar(select(DagModel.owners).where(DagModel.dag_id == dag_id))
+        queues = set(reader.scalars(select(TaskInstance.queue).where(TaskInstance.dag_id == dag_id)))
+    assert "deployment-dag-policy" in tags, "dag_policy did not apply"
+    assert owners == "deployment-task-policy", "task_policy did not apply"
+    assert queues == {"deployment-queue"}, "the scheduler created no run, or the mutation hook did not apply"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX
-from parity.expectations import ExpectationsError, disagreements_with_detection, load, parse
+from parity.expectations import SWEEP_RULE, ExpectationsError, disagreements_with_detection, load, parse
 
 NODE = "tests/unit/jobs/test_scheduler_job.py::TestSchedulerJob::test_x"
 
@@ -169,3 +169,27 @@ def test_inconsistent_files_are_rejected(change: str) -> None:
 def test_disagreements_with_detection(version: str, not_needed: set[str], problems: int) -> None:
     expectations = parse(_file())
     assert len(disagreements_with_detection(expectations, version, not_needed)) == problems
+
+
+def test_sweep_rule_is_lifted_for_cells_that_run_the_whole_suite() -> None:
+    """A test that catches no bug is left out of a sweep release's cells, unless they run everything."""
+    data = copy.deepcopy(_file())
+    data["matrix"]["sweep"] = ["3.3.0"]
+    data["test"][0]["catches"] = []
+    data["test"][1]["catches"] = []
+    expectations = parse(data)
+    assert expectations.not_applicable(NODE, "3.3.0", "sqlite", "fixed") == SWEEP_RULE
+    assert expectations.not_applicable(NODE, "3.3.0", "postgres", "fixed", sweep=False) is None
+
+
+def test_python_of_a_release_and_of_its_dependency_sets() -> None:
+    data = copy.deepcopy(_file())
+    data["matrix"]["python"] = {"3.3.2": "3.12", "3.3.2-python3.10": "3.10"}
+    expectations = parse(data)
+    assert expectations.python_of("3.3.2") == "3.12"
+    assert expectations.python_of("3.3.2-sqlalchemy1.4") == "3.12"
+    assert expectations.python_of("3.3.2-python3.10") == "3.10"
+    assert expectations.python_of("3.4.0b2") == "3.11"
+    data["matrix"]["python"] = {"9.9.9": "3.12"}
+    with pytest.raises(ExpectationsError, match="not in the matrix"):
+        parse(data)

@@ -13,7 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-import tomllib
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (pytest's own dependency there)
+    import tomli as tomllib
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 

@@ -6,8 +6,12 @@ Pure: results in, text out.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 from typing import TYPE_CHECKING
+from unittest import mock
 
+import tabulate as tabulate_module
 from tabulate import tabulate
 
 from airflow_heartbeat_fix.demo.result import (
@@ -25,7 +29,7 @@ from airflow_heartbeat_fix.demo.result import (
 from airflow_heartbeat_fix.demo.verdicts import callbacks_cell, emails_cell, many_summary, verdict_cell
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Iterator, Mapping
 
 #: A cell longer than this is clipped with "..."; the full error line follows the table.
 CELL_WIDTH = 48
@@ -97,6 +101,20 @@ def _clip(text: str, width: int = CELL_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+@contextlib.contextmanager
+def _whitespace_preserved() -> Iterator[dict[str, bool]]:
+    """
+    tabulate's options that keep leading whitespace: the ``preserve_whitespace`` argument from 0.10, the
+    module's ``PRESERVE_WHITESPACE`` before (0.9, the lowest Airflow and this package allow), set for the
+    call only.
+    """
+    if "preserve_whitespace" in inspect.signature(tabulate).parameters:
+        yield {"preserve_whitespace": True}
+        return
+    with mock.patch.object(tabulate_module, "PRESERVE_WHITESPACE", True):
+        yield {}
+
+
 def render_table(results: list[RunResult]) -> str:
     """The side-by-side table (one column per run), followed by full error lines and problems."""
     if not results:
@@ -107,8 +125,9 @@ def render_table(results: list[RunResult]) -> str:
     labels = [label for label, _ in columns[0]]
     rows = [[label, *(_clip(column[i][1]) for column in columns)] for i, label in enumerate(labels)]
     head = ["", *(_clip(f"{r.label} ([heartbeat_fix] enabled={r.fix_enabled})") for r in results)]
-    # preserve_whitespace keeps the indented sub-rows ("  try 1"); no number parsing ("0" stays text).
-    table = tabulate(rows, headers=head, tablefmt="simple", disable_numparse=True, preserve_whitespace=True)
+    # No number parsing ("0" stays text); whitespace kept for the indented sub-rows ("  try 1").
+    with _whitespace_preserved() as options:
+        table = tabulate(rows, headers=head, tablefmt="simple", disable_numparse=True, **options)
     first = results[0]
     lines = [f"Airflow {first.airflow_version}, {first.database}, {first.topology}", ""]
     lines += [line.rstrip() for line in table.splitlines()]

@@ -49,3 +49,17 @@ def test_injected_row_only_for_kill_scenarios() -> None:
         hung, scenario=topology.KILL_WORKER, injected=["SIGKILL celery-worker-1 at 20 s"]
     )
     assert "SIGKILL celery-worker-1 at 20 s" in text_report.render_table([killed])
+
+
+def test_render_table_of_a_recorded_run_keeps_its_indented_rows() -> None:
+    """A run the demo recorded (3.3.2, SQLite), read back and drawn: tabulate 0.9 (the lowest dependency
+    set) and 0.10 both keep the sub-rows' leading spaces."""
+    import json
+
+    from airflow_heartbeat_fix.demo.result import run_from_json
+    from tests.demo._results import RECORDED
+
+    runs = [run_from_json(raw) for raw in json.loads(RECORDED.read_text(encoding="utf-8"))["runs"].values()]
+    lines = text_report.render_table(runs).splitlines()
+    assert lines[0].startswith("Airflow 3.3.2, sqlite")
+    assert any(line.startswith("  try 1") for line in lines), lines

@@ -151,10 +151,6 @@ def facts() -> AirflowFacts:
     )
 
 
-def decisions() -> dict[str, FixDecision]:
-    return decide(facts(), enabled=is_enabled())
-
-
 #: How the start line and ``status`` say the operator switched the fixes off.
 OFF_BY_CONFIGURATION = f"off by configuration ([{CONFIG_SECTION}] enabled = False)"
 STOCK_CLASSES = "the scheduler runs Airflow's own classes"

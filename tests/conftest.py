@@ -63,14 +63,15 @@ def _stock_xfail(expectations: Expectations, item: pytest.Item, version: str) ->
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from airflow import __version__ as version
 
-    from airflow_heartbeat_fix.activation import decisions, is_enabled
-    from airflow_heartbeat_fix.detection import FixState
+    from airflow_heartbeat_fix.activation import facts, is_enabled
+    from airflow_heartbeat_fix.detection import FixState, decide
 
     try:
         expectations = load()
     except ExpectationsError as error:
         raise pytest.UsageError(f"parity/expectations.toml: {error}") from error
-    not_needed = {fix for fix, decision in decisions().items() if decision.state is FixState.NOT_NEEDED}
+    decided = decide(facts(), enabled=is_enabled())
+    not_needed = {fix for fix, decision in decided.items() if decision.state is FixState.NOT_NEEDED}
     if problems := disagreements_with_detection(expectations, version, not_needed):
         raise pytest.UsageError(
             "parity/expectations.toml contradicts feature detection: " + "; ".join(problems)

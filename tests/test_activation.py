@@ -490,3 +490,22 @@ def test_deployment_local_settings_apply_next_to_the_fixes(tmp_path: Path) -> No
     assert "deployment-dag-policy" in tags, "dag_policy did not apply"
     assert owners == "deployment-task-policy", "task_policy did not apply"
     assert queues == {"deployment-queue"}, "the scheduler created no run, or the mutation hook did not apply"
+
+
+#: In a fresh interpreter: activate as ``airflow scheduler`` does, run ``status -o json``, then list the
+#: demo's modules that were loaded (the fix never needs the demo: it is 59% of the wheel, psutil included).
+ACTIVATE_THEN_LIST_DEMO_MODULES = """
+import contextlib, io, json, sys
+import airflow.cli.commands.scheduler_command  # the import hook activates the fixes here
+from airflow_heartbeat_fix import activation, cli
+with contextlib.redirect_stdout(io.StringIO()):
+    cli.main(["status", "-o", "json"])
+demo = sorted(name for name in sys.modules if name.startswith("airflow_heartbeat_fix.demo"))
+print(json.dumps({"activated": activation.installed_runner() is not None, "demo": demo}))
+"""
+
+
+def test_activation_and_status_load_nothing_of_the_demo() -> None:
+    done = _run([sys.executable, "-c", ACTIVATE_THEN_LIST_DEMO_MODULES], enabled=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"activated": True, "demo": []}

@@ -182,16 +182,23 @@ def test_dag_processor_without_task_callbacks_is_said_in_the_purge_reason():
 
 
 def test_facts_of_this_airflow_are_recognised():
-    """Every supported version has the shape detection reads; which bugs it has is checked at collection
-    (tests/conftest.py compares detection with parity/expectations.toml)."""
+    """Every supported version has the shape detection reads, and each fact is what
+    ``parity/expectations.toml`` declares of this release (its [bugs] and their versions)."""
+    from parity.expectations import load
+
     facts = activation.facts()
+    has = {name for name, bug in load().bugs.items() if facts.version in bug.versions}
     assert facts.missing_hooks == ()
-    assert facts.sink_commits_caller_session is not None
-    assert facts.purge_converges is not None
-    assert facts.purge_locks_each_ti is not None
-    assert facts.executor_events_type_callbacks is not None
-    assert facts.adoption_keeps_orphans_attached is not None
-    assert facts.nested_session_ends_transaction is True
+    assert facts.sink_commits_caller_session is ("sink_commits_scheduler_session" in has)
+    assert facts.purge_converges is ("unconverged_purge" not in has)
+    assert facts.purge_locks_each_ti is ("purge_revalidates_unlocked" not in has)
+    assert facts.executor_events_type_callbacks is ("untyped_executor_event_callbacks" not in has)
+    assert facts.adoption_keeps_orphans_attached is ("adoption_session_ended_by_executor" not in has)
+    assert facts.nested_session_ends_transaction is ("nested_session_ends_loop_transaction" in has)
+    assert facts.listeners_before_next_try is ("nested_session_crash_on_retry" in has)
+    # #63080 removed the metastore's expunge_all() in 3.2.0; 3.4 lets a savepoint through prohibit_commit.
+    assert facts.metastore_expunges is facts.version.startswith(("3.0.", "3.1."))
+    assert facts.guard_tolerates_savepoints is facts.version.startswith("3.4.")
 
 
 @pytest.mark.parametrize("enabled", [True, False])

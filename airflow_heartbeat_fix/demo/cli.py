@@ -43,9 +43,10 @@ from airflow_heartbeat_fix.demo.database import (
     ensure_database_exists,
     foreign_data,
 )
+from airflow_heartbeat_fix.demo.features import probe_features
 from airflow_heartbeat_fix.demo.html_report import render_html
-from airflow_heartbeat_fix.demo.result import RunResult, run_to_json, scenario_dag_ids
-from airflow_heartbeat_fix.demo.run import DemoRun, probe_features
+from airflow_heartbeat_fix.demo.result import RunResult, run_from_json, run_to_json, scenario_dag_ids
+from airflow_heartbeat_fix.demo.run import DemoRun
 from airflow_heartbeat_fix.demo.text_report import render_table
 from airflow_heartbeat_fix.demo.topology import EXECUTORS, HUNG, LOCAL, SCENARIOS, Topology, topology_refusal
 
@@ -105,6 +106,12 @@ def _add_place_options(parser: argparse.ArgumentParser) -> None:
         "--dags", type=Path, help="Dags directory (default: the Dags installed with this package)"
     )
     parser.add_argument("--json", type=Path, dest="json_path", help="also write the result as JSON here")
+    parser.add_argument(
+        "--report-from",
+        type=Path,
+        metavar="JSON",
+        help="run nothing: draw the table (and --html, --json) of a result an earlier --json wrote",
+    )
     parser.add_argument(
         "--html", type=Path, dest="html_path", help=f"HTML timeline report (default <home>/{REPORT_NAME})"
     )
@@ -348,9 +355,27 @@ def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def report_from(path: Path, *, html_path: Path | None, json_path: Path | None) -> int:
+    """The reports of a result ``--json`` wrote, drawn again; the exit code its runs had."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        results = [run_from_json(raw) for raw in document["runs"].values()]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--report-from {path}: not a result the demo's --json wrote ({exc})") from exc
+    sys.stdout.write(render_table(results))
+    if html_path is not None:
+        html_path.write_text(render_html(results), encoding="utf-8")
+        sys.stdout.write(f"report: {html_path}\n")
+    if json_path is not None:
+        json_path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    return EXIT_OK if document.get("ok") else EXIT_NOT_CONVERGED
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.report_from is not None:
+            return report_from(args.report_from, html_path=args.html_path, json_path=args.json_path)
         config = build_config(args)
         check_home(config.home)
         for path, option in ((config.json_path, "--json"), (config.html_path, "--html")):

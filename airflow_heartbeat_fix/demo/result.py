@@ -2,8 +2,8 @@
 What one demo run found: the Dags it is about, the tries, callbacks and emails per Dag, the scheduler's
 fate, the timeline, and the verdict fields; and that result as JSON, both ways.
 
-``--json`` writes :func:`run_to_json` of each run; :func:`run_from_json` reads one back (e.g. to render
-the HTML report of a recorded run again). Both go through one pydantic ``TypeAdapter`` of
+``--json`` writes :func:`run_to_json` of each run; :func:`run_from_json` reads one back (``--report-from``
+draws a recorded result's reports again). Both go through one pydantic ``TypeAdapter`` of
 :class:`RunResult`, so the JSON form follows the dataclasses with no hand-written inverse.
 """
 

@@ -12,24 +12,16 @@ The stock run has ``AIRFLOW__HEARTBEAT_FIX__ENABLED=False``, the fixed run ``Tru
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import signal
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_heartbeat_fix.demo.config import DemoConfig, DemoError, airflow_executable
+from airflow_heartbeat_fix.demo.config import DemoConfig, DemoError
 from airflow_heartbeat_fix.demo.database import Db, mark_database_as_demo, read_outcomes, sqlite_url
-from airflow_heartbeat_fix.demo.environment import (
-    airflow_is_compiled,
-    bytecode_env,
-    isolated_env,
-    prepare_home,
-)
-from airflow_heartbeat_fix.demo.environment import airflow_process_env as airflow_env
+from airflow_heartbeat_fix.demo.environment import isolated_env, prepare_home
 from airflow_heartbeat_fix.demo.logs import (
     celery_worker_ready,
     find_crash_time,
@@ -68,17 +60,6 @@ from airflow_heartbeat_fix.demo.verdicts import (
 if TYPE_CHECKING:
     from pathlib import Path
 
-# tests/purge_race_harness.py starts its own schedulers with these, by these names, from this module.
-__all__ = [
-    "DemoRun",
-    "airflow_env",
-    "airflow_executable",
-    "airflow_is_compiled",
-    "bytecode_env",
-    "probe_features",
-    "should_stop",
-]
-
 
 def should_stop(
     *,
@@ -110,30 +91,6 @@ def should_stop(
     if since_trigger >= timeout:
         return f"timed out after {timeout:.0f} s"
     return None
-
-
-def probe_features(config: DemoConfig) -> dict[str, Any]:
-    """
-    What this Airflow needs and does (:mod:`.features`), read in a child process with an isolated home.
-
-    Runs once per demo, before the runs: the stock verdict and the email counts depend on it.
-    """
-    home = config.home / "probe"
-    home.mkdir(parents=True, exist_ok=True)
-    out = home / "features.json"
-    out.unlink(missing_ok=True)
-    env = isolated_env(config, home, fix_enabled=False, database_url=sqlite_url(home / "airflow.db"), port=0)
-    procs = Processes(marker=f"probe-{uuid.uuid4()}")
-    log = home / "features.log"
-    argv = [sys.executable, "-m", "airflow_heartbeat_fix.demo.features", str(out)]
-    try:
-        codes = procs.run([argv], env, log, home, timeout=300)
-    finally:
-        procs.stop_all()
-    if codes != [0] or not out.exists():
-        raise DemoError(f"could not read what this Airflow needs; see {log}")
-    features: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
-    return features
 
 
 @dataclass

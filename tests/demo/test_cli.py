@@ -323,3 +323,28 @@ def test_demo_writes_the_html_report_and_prints_its_path(
     assert data["runs"]["fixed"]["marks"][0] == {
         "seconds": 17.0, "dag_id": CB, "try_number": 1, "kind": "on_retry_callback"
     }  # fmt: skip
+
+
+def test_report_from_draws_a_recorded_result_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--report-from``: the text table, the HTML report and the JSON of an earlier ``--json``, no run."""
+    from tests.demo._results import RECORDED
+
+    html, json_out = tmp_path / "report.html", tmp_path / "again.json"
+    code = cli.main(["--report-from", str(RECORDED), "--html", str(html), "--json", str(json_out)])
+
+    recorded = json.loads(RECORDED.read_text(encoding="utf-8"))
+    assert code == (cli.EXIT_OK if recorded["ok"] else cli.EXIT_NOT_CONVERGED)
+    out = capsys.readouterr().out
+    assert out.startswith("Airflow 3.3.2, sqlite") and f"report: {html}" in out
+    assert "<html" in html.read_text(encoding="utf-8").lower()
+    assert json.loads(json_out.read_text(encoding="utf-8")) == recorded
+
+
+def test_report_from_a_file_that_is_no_result_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "other.json").write_text('{"something": "else"}', encoding="utf-8")
+    assert cli.main(["--report-from", str(tmp_path / "other.json")]) == cli.EXIT_USAGE
+    assert capsys.readouterr().err.count("\n") == 1

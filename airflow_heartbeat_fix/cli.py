@@ -229,12 +229,11 @@ def _demo(args: list[str]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from airflow_heartbeat_fix import __version__
+    from airflow_heartbeat_fix import __version__, summary
 
     parser = argparse.ArgumentParser(
         prog="airflow-heartbeat-fix",
-        description="Fixes for three Airflow 3.x scheduler bugs around heartbeat-timed-out tasks: duplicate "
-        "callbacks, the retry UniqueViolation crash, and a worker's SUCCESS overwritten by the purge.",
+        description=summary(),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_heartbeat_fix import __version__
+from airflow_heartbeat_fix import __version__, summary
 
 ENABLED_DESCRIPTION = (
     "Run the scheduler with the fixes this Airflow needs (checked at scheduler start; see "
@@ -22,7 +22,7 @@ def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": "airflow-heartbeat-fix",
         "name": "Airflow heartbeat fix",
-        "description": "Drop-in fixes for Airflow 3.x scheduler bugs around heartbeat-timeout callbacks.",
+        "description": summary(),
         "versions": [__version__],
         "config": {
             "heartbeat_fix": {

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+from airflow_heartbeat_fix.demo.database import ensure_database_exists
 from testing.dags import ensure_bundle, sync_dag_to_db
-from testing.database import backend, clear, create_postgres_database, task_instance_history
+from testing.database import backend, clear, task_instance_history
 from testing.environment import configure_airflow
 from testing.scheduler import make_stale
 
@@ -33,7 +34,7 @@ def configure(db_url: str) -> None:
     """Point Airflow at ``db_url`` (creating a PostgreSQL database if missing); call before importing it."""
     configure_airflow(db_url, home_prefix="hbfix-bench-")
     if backend(db_url) == "postgres":
-        create_postgres_database(db_url)
+        ensure_database_exists(db_url)
 
 
 def migrate_database() -> None:

@@ -17,9 +17,7 @@ from datetime import datetime
 from airflow.sdk import dag, task
 
 from airflow_heartbeat_fix.demo.records import record_failure
-
-#: The demo reads this back: how many task instances should each get one callback.
-HUNG_TASKS = 50
+from airflow_heartbeat_fix.demo.result import MANY_TASKS as HUNG_TASKS
 
 
 @dag(

@@ -1,4 +1,4 @@
-"""The metadata database: its backend, creating it, emptying tables, a connection outside every pool."""
+"""The metadata database: its backend, emptying tables, a connection outside every pool."""
 
 from __future__ import annotations
 
@@ -15,22 +15,6 @@ def backend(url: str) -> str:
     """``sqlite``, ``postgres`` or ``mysql``: the backend a SQLAlchemy URL names, as upstream spells it."""
     scheme = url.split(":", 1)[0].split("+", 1)[0]
     return {"postgresql": "postgres"}.get(scheme, scheme)
-
-
-def create_postgres_database(url: str) -> None:
-    """Create the database ``url`` names if it is missing (``scripts/postgres.sh create-db`` empties it)."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    target = make_url(url)
-    admin = create_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            exists = conn.scalar(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": target.database})
-            if exists is None:
-                conn.execute(text(f'CREATE DATABASE "{target.database}"'))
-    finally:
-        admin.dispose()
 
 
 def clear(models: Iterable[Any]) -> None:

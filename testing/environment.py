@@ -44,5 +44,6 @@ def configure_airflow(db_url: str, *, home_prefix: str = "hbfix-home-") -> None:
 
 def command_env(base: dict[str, str], home: str, db_url: str, **settings: str) -> dict[str, str]:
     """An Airflow command's environment: ``base`` without its Airflow settings, then ours and ``settings``."""
-    env = {key: value for key, value in base.items() if not key.startswith(("AIRFLOW", "_AIRFLOW"))}
-    return env | airflow_settings(home, db_url) | settings
+    from airflow_heartbeat_fix.demo.environment import without_airflow_settings
+
+    return without_airflow_settings(base) | airflow_settings(home, db_url) | settings

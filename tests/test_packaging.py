@@ -45,3 +45,15 @@ def test_airflow_range_accepts_every_supported_release_as_installed() -> None:
     """An installed beta of the matrix still satisfies the range, so installing next to it changes nothing."""
     specifier = _airflow_requirement().specifier
     assert [v for v in _supported_releases() if not specifier.contains(v, prereleases=True)] == []
+
+
+def test_every_description_of_the_package_is_pyprojects() -> None:
+    """``airflow-heartbeat-fix --help`` and ``airflow providers list`` say what its metadata says."""
+    from airflow_heartbeat_fix import cli, provider_info, summary
+
+    description = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "description"
+    ]
+    assert summary() == description
+    assert cli._parser().description == description
+    assert provider_info.get_provider_info()["description"] == description

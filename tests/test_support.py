@@ -159,7 +159,7 @@ def test_outside_the_range_with_the_switch_off_the_wrapper_starts_airflow(
 def test_outside_the_range_the_demo_refuses_before_starting(
     airflow_2: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr("airflow_heartbeat_fix.demo.cli.installed_airflow_version", lambda: "2.11.0")
+    monkeypatch.setattr(support, "installed_airflow_version", lambda: "2.11.0")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert demo_main([]) == 2
     assert capsys.readouterr().err.splitlines() == [f"demo: {airflow_2}; the demo would show nothing"]

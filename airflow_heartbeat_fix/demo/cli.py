@@ -33,7 +33,6 @@ from airflow_heartbeat_fix.demo.config import (
     cache_dir,
     default_home,
     find_dag_sources,
-    installed_airflow_version,
     listener_plugin_sources,
 )
 from airflow_heartbeat_fix.demo.database import (
@@ -182,9 +181,11 @@ def build_config(args: argparse.Namespace) -> DemoConfig:
     refusal = topology_refusal(topology, args.database)
     if refusal is not None:
         raise UsageError(refusal)
-    version = installed_airflow_version()
-    if refusal := support.check().refusal:
+    in_range = support.check()
+    if refusal := in_range.refusal:
         raise UsageError(f"{refusal}; the demo would show nothing")
+    if (version := in_range.airflow_version) is None:
+        raise DemoError("Airflow is not installed in this environment")
     cache = cache_dir(os.environ)
     home = (args.home or default_home(cache, version, args.database, topology.executor)).resolve()
     dags_origin, dag_sources = find_dag_sources(args.dags, scenario_dag_ids(topology.scenario))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from importlib import metadata, resources
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -89,12 +89,3 @@ def airflow_executable() -> Path:
     if not path.exists():
         raise DemoError(f"no airflow executable next to {sys.executable}")
     return path
-
-
-def installed_airflow_version() -> str:
-    for dist in ("apache-airflow-core", "apache-airflow"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    raise DemoError("Airflow is not installed in this environment")

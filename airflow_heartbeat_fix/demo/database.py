@@ -7,6 +7,7 @@ so ``--help`` and the option checks start without it.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from airflow_heartbeat_fix.demo.config import DemoError
@@ -22,7 +23,7 @@ from airflow_heartbeat_fix.demo.result import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Iterator, Mapping
     from pathlib import Path
 
     from sqlalchemy.engine import URL, Engine
@@ -44,6 +45,16 @@ def engine(url: str | URL, **options: Any) -> Engine:
     from sqlalchemy.pool import NullPool
 
     return create_engine(url, poolclass=NullPool, **options)
+
+
+@contextlib.contextmanager
+def disposed_engine(url: str | URL, **options: Any) -> Iterator[Engine]:
+    """:func:`engine` for one block, disposed of when it ends."""
+    used = engine(url, **options)
+    try:
+        yield used
+    finally:
+        used.dispose()
 
 
 def display_url(url: str) -> str:
@@ -183,48 +194,35 @@ def database_tables(url: str) -> list[str]:
     """The tables of the database at ``url``."""
     from sqlalchemy import inspect
 
-    found = engine(url)
-    try:
+    with disposed_engine(url) as found:
         return sorted(inspect(found).get_table_names())
-    finally:
-        found.dispose()
 
 
 def foreign_data(url: str, tables: list[str]) -> list[str]:
     """What a database the demo marked holds that it did not write: other Dags, variables, connections."""
     from sqlalchemy import bindparam, text
 
-    marked = engine(url)
     found: list[str] = []
-    try:
-        with marked.connect() as conn:
-            if "dag" in tables:
-                query = text("SELECT dag_id FROM dag WHERE dag_id NOT IN :ours ORDER BY dag_id").bindparams(
-                    bindparam("ours", expanding=True)
-                )
-                every_demo_dag = list(scenario_dag_ids(MANY_SCENARIO))
-                others = list(conn.execute(query, {"ours": every_demo_dag}).scalars())
-                if others:
-                    found.append(f"Dags {', '.join(others[:5])}{', ...' if len(others) > 5 else ''}")
-            for table, what in FOREIGN_ROWS.items():
-                if table in tables and (
-                    count := conn.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar()
-                ):
-                    found.append(f"{count} {what}")
-    finally:
-        marked.dispose()
+    with disposed_engine(url) as marked, marked.connect() as conn:
+        if "dag" in tables:
+            query = text("SELECT dag_id FROM dag WHERE dag_id NOT IN :ours ORDER BY dag_id").bindparams(
+                bindparam("ours", expanding=True)
+            )
+            every_demo_dag = list(scenario_dag_ids(MANY_SCENARIO))
+            others = list(conn.execute(query, {"ours": every_demo_dag}).scalars())
+            if others:
+                found.append(f"Dags {', '.join(others[:5])}{', ...' if len(others) > 5 else ''}")
+        for table, what in FOREIGN_ROWS.items():
+            if table in tables and (count := conn.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar()):
+                found.append(f"{count} {what}")
     return found
 
 
 def mark_database_as_demo(url: str) -> None:
     from sqlalchemy import text
 
-    marked = engine(url)
-    try:
-        with marked.begin() as conn:
-            conn.execute(text(f"CREATE TABLE IF NOT EXISTS {DEMO_TABLE} (note VARCHAR(100))"))
-    finally:
-        marked.dispose()
+    with disposed_engine(url) as marked, marked.begin() as conn:
+        conn.execute(text(f"CREATE TABLE IF NOT EXISTS {DEMO_TABLE} (note VARCHAR(100))"))
 
 
 def ensure_database_exists(url: str) -> None:
@@ -233,20 +231,16 @@ def ensure_database_exists(url: str) -> None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import OperationalError
 
-    target_engine = engine(url)
     try:
-        with target_engine.connect():
+        with disposed_engine(url) as target_engine, target_engine.connect():
             return
     except OperationalError as exc:
         if "does not exist" not in str(exc):
             reason = str(exc).strip().splitlines()[0]  # without SQLAlchemy's "Background on this error" line
-            raise DemoError(f"cannot connect to {make_url(url).render_as_string()}: {reason}") from exc
-    finally:
-        target_engine.dispose()
+            raise DemoError(f"cannot connect to {display_url(url)}: {reason}") from exc
     target = make_url(url)
-    admin = engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{target.database}"'))
-    finally:
-        admin.dispose()
+    with (
+        disposed_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT") as admin,
+        admin.connect() as conn,
+    ):
+        conn.execute(text(f'CREATE DATABASE "{target.database}"'))

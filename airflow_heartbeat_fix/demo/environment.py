@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 EMAIL_BACKEND = "airflow_heartbeat_fix.demo.records.send_email"
 
 
+def without_airflow_settings(base: dict[str, str]) -> dict[str, str]:
+    """``base`` without the caller's Airflow configuration (``AIRFLOW*``, ``_AIRFLOW*``)."""
+    return {k: v for k, v in base.items() if not k.startswith(("AIRFLOW", "_AIRFLOW"))}
+
+
 def airflow_process_env(
     base: dict[str, str],
     *,
@@ -32,7 +37,7 @@ def airflow_process_env(
     jwt_secret: str,
 ) -> dict[str, str]:
     """The environment of every Airflow command of one run: isolated from the caller's Airflow config."""
-    env = {k: v for k, v in base.items() if not k.startswith(("AIRFLOW", "_AIRFLOW"))}
+    env = without_airflow_settings(base)
     env.update(
         {
             "AIRFLOW_HOME": str(home),

@@ -41,10 +41,11 @@ STATE_COLOURS = {
 }
 OTHER_STATE_COLOUR = "#888888"
 MARK_COLOURS = {RETRY_CALLBACK: "#e67e00", FAILURE_CALLBACK: "#a40000", EMAIL: "#1f5fbf"}
-MARK_LABELS = {RETRY_CALLBACK: "on_retry_callback", FAILURE_CALLBACK: "on_failure_callback", EMAIL: "email"}
 
 WIDTH = 1060
 LABEL_WIDTH = 250
+#: The timeline's plot: between the labels and a 20 px margin on the right.
+PLOT_WIDTH = WIDTH - LABEL_WIDTH - 20
 LANE_HEIGHT = 46
 TOP = 34
 BOTTOM = 36
@@ -70,7 +71,7 @@ def _esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _lanes(result: RunResult, try_numbers: dict[str, list[int]]) -> list[tuple[str, int]]:
+def _lanes(try_numbers: dict[str, list[int]]) -> list[tuple[str, int]]:
     return [(dag_id, n) for dag_id in DAG_IDS for n in try_numbers.get(dag_id, [])]
 
 
@@ -92,12 +93,11 @@ def _at(change: StateChange) -> float:
 
 
 def _timeline_svg(result: RunResult, try_numbers: dict[str, list[int]], span: float) -> str:
-    lanes = _lanes(result, try_numbers)
+    lanes = _lanes(try_numbers)
     height = TOP + LANE_HEIGHT * len(lanes) + BOTTOM
-    plot = WIDTH - LABEL_WIDTH - 20
 
     def x(seconds: float) -> float:
-        return LABEL_WIDTH + plot * max(0.0, min(seconds, span)) / span
+        return LABEL_WIDTH + PLOT_WIDTH * max(0.0, min(seconds, span)) / span
 
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
@@ -139,7 +139,8 @@ def _axis_svg(span: float, height: int, x: Callable[[float], float]) -> list[str
         )
         tick += step
     parts.append(
-        f'<text class="axis" x="{WIDTH - 20}" y="{height - 2}" text-anchor="end">seconds after trigger</text>'
+        f'<text class="axis" x="{LABEL_WIDTH + PLOT_WIDTH}" y="{height - 2}" text-anchor="end">'
+        "seconds after trigger</text>"
     )
     return parts
 
@@ -154,10 +155,9 @@ def _lane_svg(
     x: Callable[[float], float],
 ) -> list[str]:
     """One try's lane: its labels, a span per state it was in, and its callback and email marks."""
-    plot = WIDTH - LABEL_WIDTH - 20
     parts = [f'<text x="0" y="{bar_y + 6}">{_esc(dag_id)}</text>'] if first_of_dag else []
     parts.append(f'<text x="{LABEL_WIDTH - 10}" y="{bar_y + 6}" text-anchor="end">try {try_number}</text>')
-    parts.append(f'<rect x="{LABEL_WIDTH}" y="{bar_y - 6}" width="{plot}" height="12" fill="#f7f7f7"/>')
+    parts.append(f'<rect x="{LABEL_WIDTH}" y="{bar_y - 6}" width="{PLOT_WIDTH}" height="12" fill="#f7f7f7"/>')
     segments = _segments(result.timeline, dag_id, try_number, span)
     if not segments:
         parts.append(f'<text class="note" x="{LABEL_WIDTH + 6}" y="{bar_y + 4}">not created</text>')
@@ -183,8 +183,7 @@ def _marks_svg(
         seen[mark.kind] += 1
         colour = MARK_COLOURS.get(mark.kind, OTHER_STATE_COLOUR)
         cx = x(mark.seconds)
-        what = MARK_LABELS.get(mark.kind, mark.kind)
-        tip = f"<title>{_esc(what)} for try {try_number} at {mark.seconds:.1f} s</title>"
+        tip = f"<title>{_esc(mark.kind)} for try {try_number} at {mark.seconds:.1f} s</title>"
         if mark.kind == EMAIL:
             y = bar_y + 13 + 9 * nth
             out.append(

@@ -24,7 +24,7 @@ DAG_IDS = (RETRY_DAG_ID, CALLBACK_DAG_ID)
 #: ``--scenario many``: fifty mapped task instances that freeze at once, each to fail with one callback.
 MANY_DAG_ID = "many_hung_tasks"
 MANY_SCENARIO = "many"
-#: ``HUNG_TASKS`` of ``dags/many_hung_tasks.py`` (tests/test_dags.py holds them equal).
+#: How many task instances ``dags/many_hung_tasks.py`` maps (it imports this), each to get one callback.
 MANY_TASKS = 50
 
 RETRY_CALLBACK = "on_retry_callback"

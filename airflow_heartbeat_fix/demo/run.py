@@ -103,9 +103,13 @@ class _Watch:
     states: dict[tuple[str, int], str | None] = field(default_factory=dict)
     crashed_at: float | None = None
     terminal_at: float | None = None
-    exit_code: int | None = None
     last_change: float = field(default_factory=time.monotonic)
     last_seen: Any = None
+
+    @property
+    def exit_code(self) -> int | None:
+        """The first watched scheduler's exit code, ``None`` while they all run."""
+        return next((code for c in self.schedulers if (code := c.exit_code()) is not None), None)
 
 
 class DemoRun:
@@ -323,10 +327,8 @@ class DemoRun:
                 result.scheduler.crashed, result.scheduler.error = True, named
                 logged_at = find_crash_time(scheduler_log)
                 result.crashed_after = now - triggered if logged_at is None else logged_at - triggered_at
-        codes = (c.exit_code() for c in watching.schedulers)
-        watching.exit_code = next((code for code in codes if code is not None), None)
-        if watching.exit_code is not None:
-            result.scheduler.alive, result.scheduler.exit_code = False, watching.exit_code
+        if (exit_code := watching.exit_code) is not None:
+            result.scheduler.alive, result.scheduler.exit_code = False, exit_code
         if watching.crashed_at is not None:
             result.scheduler.alive = False
 

@@ -56,12 +56,17 @@ def duplicate_tries(outcome: DagOutcome) -> list[int]:
     return sorted(dup)
 
 
+def failed_tries(outcome: DagOutcome) -> int:
+    """How many of ``outcome``'s tries ended failed (the mapped Dag: one try per task instance)."""
+    return sum(1 for t in outcome.tries if t.state == "failed")
+
+
 def many_problems(outcome: DagOutcome | None, expected: int) -> list[str]:
     """What a correct scheduler pair must do with the fifty hung task instances of ``--scenario many``."""
     if outcome is None:
         return [f"{MANY_DAG_ID}: no Dag run"]
     problems = []
-    failed = sum(1 for t in outcome.tries if t.state == "failed")
+    failed = failed_tries(outcome)
     if failed != expected:
         problems.append(f"{MANY_DAG_ID}: {failed} of {expected} task instances failed")
     wrong = [i for i in range(expected) if outcome.per_map_index.get(i, 0) != 1]
@@ -178,7 +183,7 @@ def emails_cell(count: int, via_backend: bool) -> str:
 
 def many_summary(outcome: DagOutcome, expected: int) -> str:
     """``50/50 failed; callbacks: 50 x1, 0 x2+, 0 none``: the mapped Dag's task instances in one line."""
-    failed = sum(1 for t in outcome.tries if t.state == "failed")
+    failed = failed_tries(outcome)
     counts = [outcome.per_map_index.get(i, 0) for i in range(expected)]
     once, more, none = counts.count(1), sum(1 for n in counts if n > 1), counts.count(0)
     return f"{failed}/{expected} failed; callbacks: {once} x1, {more} x2+, {none} none ({EXPECTED_PER_TRY})"

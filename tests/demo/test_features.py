@@ -5,8 +5,8 @@ from __future__ import annotations
 from importlib.util import find_spec
 
 from airflow_heartbeat_fix.demo import features
-from airflow_heartbeat_fix.demo.config import installed_airflow_version
 from airflow_heartbeat_fix.detection import FIXES, FixState
+from airflow_heartbeat_fix.support import installed_airflow_version
 from parity.expectations import load
 
 

@@ -25,10 +25,10 @@ from typing import Any
 import psutil
 import pytest
 
-from airflow_heartbeat_fix.demo.config import installed_airflow_version
 from airflow_heartbeat_fix.demo.result import CALLBACK_DAG_ID, DAG_IDS
 from airflow_heartbeat_fix.demo.topology import KILL_SCHEDULER, KILL_WORKER
 from airflow_heartbeat_fix.demo.verdicts import CRASH, DUPLICATES, expected_stock_bug
+from airflow_heartbeat_fix.support import installed_airflow_version
 from parity.expectations import load
 
 DEMO_TIMEOUT = 900

@@ -221,6 +221,15 @@ class TestSchedulerJob:
             session.execute(update(DagModel).where(DagModel.dag_id == dag_id).values(is_paused=False))
         session.commit()
 
+    def _due_for_a_run(self, session: Session, dag_id: str, since: datetime) -> None:
+        """Unpause ``dag_id`` with a run due since ``since``: the next scheduling pass creates it."""
+        session.execute(
+            update(DagModel)
+            .where(DagModel.dag_id == dag_id)
+            .values(is_paused=False, next_dagrun_create_after=since)
+        )
+        session.commit()
+
     def _started(self, session: Session) -> dict[str, bool]:
         """Whether each Dag's run has left QUEUED without failing (its EmptyOperator may finish it)."""
         rows = session.execute(select(DagRun.dag_id, DagRun.state)).all()
@@ -291,12 +300,7 @@ class TestSchedulerJob:
         start = datetime.now(tz=timezone.utc) - timedelta(days=2)
         with dag_maker(dag_id="nested_policy", schedule=timedelta(days=1), start_date=start, session=session):
             _empty_operator("work")
-        session.execute(
-            update(DagModel)
-            .where(DagModel.dag_id == "nested_policy")
-            .values(is_paused=False, next_dagrun_create_after=start)
-        )
-        session.commit()
+        self._due_for_a_run(session, "nested_policy", since=start)
 
         errors = [_failure_of(lambda: self.runner._do_scheduling(session), session) for _ in range(2)]
 
@@ -329,12 +333,7 @@ class TestSchedulerJob:
             session=session,
         ):
             _empty_operator("work")
-        session.execute(
-            update(DagModel)
-            .where(DagModel.dag_id == "nested_deadline")
-            .values(is_paused=False, next_dagrun_create_after=start)
-        )
-        session.commit()
+        self._due_for_a_run(session, "nested_deadline", since=start)
 
         # One pass: the next one finishes the run (its EmptyOperator needs no worker) and prunes its deadline.
         error = _failure_of(lambda: self.runner._do_scheduling(session), session)

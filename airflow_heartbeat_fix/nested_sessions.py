@@ -238,11 +238,7 @@ class _InProcess:
         with self._lock:
             self._threads -= 1
             if self._threads == 0:
-                for module, name, original, ours in reversed(self._swapped):
-                    # Airflow may have replaced it meanwhile (configure_orm): leave its own in place.
-                    if getattr(module, name) is ours:
-                        setattr(module, name, original)
-                self._swapped.clear()
+                self._restore()
 
     def _swap(self, module: Any, name: str, ours: Any) -> None:
         self._swapped.append((module, name, getattr(module, name), ours))
@@ -252,7 +248,11 @@ class _InProcess:
         """In a forked process: undo the swaps at once (no other thread of the parent runs here)."""
         self._lock = threading.Lock()
         self._threads = 0
+        self._restore()
+
+    def _restore(self) -> None:
         for module, name, original, ours in reversed(self._swapped):
+            # Airflow may have replaced it meanwhile (configure_orm): leave its own in place.
             if getattr(module, name) is ours:
                 setattr(module, name, original)
         self._swapped.clear()

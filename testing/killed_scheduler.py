@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, text
 
+from airflow_heartbeat_fix.demo.processes import Component
 from airflow_heartbeat_fix.detection import SCHEDULER_LOOP_CRASH
 from testing.database import own_connection
 from testing.environment import command_env
-from testing.processes import GroupedProcess
 from testing.purge_race import SETTLE_TIMEOUT
 from testing.scheduler import STALE_FOR, make_stale_for_job, task_callback_requests
 
@@ -138,7 +138,7 @@ def kill_scheduler_mid_purge(
     Tries the dead scheduler failed are left alone. The schedulers' output is in ``home/*.log``.
     """
     dag_id, run_id, batch = tis[0].dag_id, tis[0].run_id, len(tis)
-    schedulers: list[GroupedProcess] = []
+    schedulers: list[Component] = []
     started, timeline = time.monotonic(), dict[str, float]()
     try:
         first = start_scheduler("killed-scheduler", home, fix_enabled=fix_enabled)
@@ -194,7 +194,7 @@ def scheduler_env(
     )
 
 
-def start_scheduler(name: str, home: Path, *, fix_enabled: bool, **config: str) -> GroupedProcess:
+def start_scheduler(name: str, home: Path, *, fix_enabled: bool, **config: str) -> Component:
     """``airflow scheduler`` in ``home``, in a process group of its own, without this process's config."""
     from airflow import settings
 
@@ -205,10 +205,10 @@ def start_scheduler(name: str, home: Path, *, fix_enabled: bool, **config: str) 
     database_url = settings.engine.url.render_as_string(hide_password=False)
     env = scheduler_env(dict(os.environ), home=home, database_url=database_url, fix_enabled=fix_enabled)
     argv = [str(Path(sys.executable).with_name("airflow")), "scheduler", "--skip-serve-logs"]
-    return GroupedProcess.start(name, argv, {**env, **config}, home / f"{name}.log", cwd=home)
+    return Component.start(name, argv, {**env, **config}, home / f"{name}.log", cwd=home)
 
 
-def scheduler_job(scheduler: GroupedProcess, *, known: set[int]) -> int:
+def scheduler_job(scheduler: Component, *, known: set[int]) -> int:
     """The id of the job ``scheduler`` registers (the first SchedulerJob not in ``known``)."""
     from airflow.jobs.job import Job
     from airflow.utils.session import create_session
@@ -227,7 +227,7 @@ def scheduler_job(scheduler: GroupedProcess, *, known: set[int]) -> int:
     raise TimeoutError(f"{scheduler.name} registered no job in {START_TIMEOUT:.0f}s:\n{scheduler.tail()}")
 
 
-def check_activation(scheduler: GroupedProcess, fix_enabled: bool) -> None:
+def check_activation(scheduler: Component, fix_enabled: bool) -> None:
     """The scheduler logged the start line this Airflow gives with the switch as asked (before its job)."""
     from airflow_heartbeat_fix import activation
 
@@ -250,7 +250,7 @@ def loop_crash(log_text: str) -> str | None:
     return error.group(0).strip() if error else SCHEDULER_LOOP_CRASH
 
 
-def _kill_mid_purge(scheduler: GroupedProcess, kill_at: int, batch: int) -> str | None:
+def _kill_mid_purge(scheduler: Component, kill_at: int, batch: int) -> str | None:
     """
     SIGKILL ``scheduler``'s process group once ``kill_at`` callbacks (fewer than ``batch``) are stored.
     Returns ``None`` once killed, or how it died if it died by itself first.
@@ -266,7 +266,7 @@ def _kill_mid_purge(scheduler: GroupedProcess, kill_at: int, batch: int) -> str 
         with create_session(scoped=False) as reader:
             stored = int(reader.scalar(select(func.count()).select_from(DbCallbackRequest)) or 0)
         if kill_at <= stored < batch:
-            scheduler.kill()
+            scheduler.kill_group()
             return None
         if stored >= batch:
             raise RuntimeError(
@@ -335,7 +335,7 @@ def _killed_tries(dag_id: str, run_id: str) -> list[KilledTry]:
     ]
 
 
-def _wait_until_dealt_with(scheduler: GroupedProcess, dag_id: str, run_id: str) -> str | None:
+def _wait_until_dealt_with(scheduler: Component, dag_id: str, run_id: str) -> str | None:
     """
     Until no try of the run is RUNNING any more, then two scan intervals more (for anything the
     restarted scheduler would still do to them). What went wrong instead, or ``None``.

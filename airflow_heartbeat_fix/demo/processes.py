@@ -57,14 +57,40 @@ def marked_processes(marker: str) -> list[psutil.Process]:
     return [p for p in psutil.process_iter() if p.pid != me and _has_marker(p, marker)]
 
 
+def _popen_in_group(
+    argv: list[str], env: dict[str, str], log_file: IO[bytes], cwd: Path | None
+) -> subprocess.Popen[bytes]:
+    """``argv`` in a session of its own (Ctrl-C reaches the caller only), its output into ``log_file``."""
+    return subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
 @dataclass
 class Component:
-    """One long-running Airflow command, with its combined stdout/stderr in ``log_path``."""
+    """
+    One long-running command in a process group of its own, its stdout and stderr in ``log_path``; the
+    demo's components and the tests' real schedulers.
+    """
 
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path
     log_file: IO[bytes]
+
+    @classmethod
+    def start(
+        cls, name: str, argv: list[str], env: dict[str, str], log_path: Path, *, cwd: Path | None = None
+    ) -> Component:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = log_path.open("ab")
+        return cls(name, _popen_in_group(argv, env, log_file, cwd), log_path, log_file)
 
     def exit_code(self) -> int | None:
         return self.popen.poll()
@@ -75,10 +101,22 @@ class Component:
         except OSError:
             return ""
 
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.read_log().splitlines()[-lines:])
+
     def kill_group(self) -> None:
         """SIGKILL the command's whole process group at once, as a host or container crash would."""
-        _signal_group(self.popen.pid, signal.SIGKILL)
+        signal_group(self.popen.pid, signal.SIGKILL)
         self.popen.wait()
+
+    def stop(self, grace: float = 3.0) -> None:
+        """SIGTERM the group, SIGKILL it after ``grace`` seconds; any number of times."""
+        signal_group(self.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while self.popen.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.kill_group()
+        self.log_file.close()
 
 
 @dataclass
@@ -92,24 +130,8 @@ class Processes:
     def env(self, base: dict[str, str]) -> dict[str, str]:
         return {**base, MARKER_ENV: self.marker}
 
-    def _popen(
-        self, argv: list[str], env: dict[str, str], log_file: IO[bytes], cwd: Path
-    ) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            argv,
-            env=self.env(env),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches the demo only; it stops the rest itself
-        )
-
     def start(self, name: str, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> Component:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = log_path.open("ab")
-        popen = self._popen(argv, env, log_file, cwd)
-        component = Component(name=name, popen=popen, log_path=log_path, log_file=log_file)
+        component = Component.start(name, argv, self.env(env), log_path, cwd=cwd)
         self.components[name] = component
         return component
 
@@ -122,7 +144,7 @@ class Processes:
         """
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as log_file:
-            popens = [self._popen(argv, env, log_file, cwd) for argv in argvs]
+            popens = [_popen_in_group(argv, self.env(env), log_file, cwd) for argv in argvs]
             deadline = time.monotonic() + timeout
             try:
                 for popen in popens:
@@ -131,7 +153,7 @@ class Processes:
             finally:
                 for popen in popens:
                     if popen.poll() is None:  # timed out (or interrupted): -SIGKILL
-                        _signal_group(popen.pid, signal.SIGKILL)
+                        signal_group(popen.pid, signal.SIGKILL)
                         popen.wait()
             return [int(popen.returncode) for popen in popens]
 
@@ -196,6 +218,7 @@ def _send(proc: psutil.Process, sig: signal.Signals) -> None:
         proc.send_signal(sig)
 
 
-def _signal_group(pid: int, sig: signal.Signals) -> None:
+def signal_group(pid: int, sig: signal.Signals) -> None:
+    """``sig`` to the process group ``pid`` leads, if it is still there."""
     with contextlib.suppress(OSError):
         os.killpg(pid, sig)

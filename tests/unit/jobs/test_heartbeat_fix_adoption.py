@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
     from tests_common.pytest_plugin import DagMaker
 
-    from testing.processes import GroupedProcess
+    from airflow_heartbeat_fix.demo.processes import Component
 
 pytestmark = pytest.mark.db_test
 
@@ -422,7 +422,7 @@ def _orphans_left(job_id: int) -> int:
     return len(rows)
 
 
-def _how_it_ended(scheduler: GroupedProcess, dead_job_id: int) -> str | None:
+def _how_it_ended(scheduler: Component, dead_job_id: int) -> str | None:
     """
     ``scheduler``'s loop crash as it logged it, or its exit; ``None`` once it has outlived the dead job's
     orphans by :data:`STAY_UP_SECONDS`. A crashed scheduler's process group is killed at once: its
@@ -431,7 +431,7 @@ def _how_it_ended(scheduler: GroupedProcess, dead_job_id: int) -> str | None:
     deadline, settled_at = time.monotonic() + harness.RESTART_TIMEOUT, None
     while time.monotonic() < deadline:
         if crash := harness.loop_crash(scheduler.read_log()):
-            scheduler.kill()
+            scheduler.kill_group()
             return f"crashed: {crash}"
         if (code := scheduler.popen.poll()) is not None:
             return f"exited with code {code}"
@@ -447,7 +447,7 @@ def _how_it_ended(scheduler: GroupedProcess, dead_job_id: int) -> str | None:
 
 
 def _start_over_orphans(
-    started: list[GroupedProcess], home: Path, dead_job_id: int, config: dict[str, str], *, fix_enabled: bool
+    started: list[Component], home: Path, dead_job_id: int, config: dict[str, str], *, fix_enabled: bool
 ) -> list[SchedulerStart]:
     """Up to :data:`STARTS` ``airflow scheduler`` processes, each started once the one before has ended."""
     starts: list[SchedulerStart] = []
@@ -626,7 +626,7 @@ class TestSchedulerJob:
         cluster = FakeCluster()
         cluster.add_worker_pod(by_id["adopt_0"], dead_job.id)
         cluster.add_worker_pod(by_id["adopt_1"], dead_job.id, phase="Pending")
-        started: list[GroupedProcess] = []
+        started: list[Component] = []
         with FakeKubernetesApi(cluster) as api:
             kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
             config = {

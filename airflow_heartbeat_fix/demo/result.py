@@ -92,11 +92,15 @@ class DagOutcome:
 
 @dataclass
 class SchedulerOutcome:
-    alive: bool = True
     crashed: bool = False
     exit_code: int | None = None
     error: str | None = None
     fixes: dict[str, str] = field(default_factory=dict)  # fix -> state, as the scheduler logged them
+
+    @property
+    def alive(self) -> bool:
+        """Neither crashed nor exited; derived, so an ``alive`` key in an older result file is ignored."""
+        return not self.crashed and self.exit_code is None
 
 
 @dataclass

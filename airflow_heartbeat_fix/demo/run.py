@@ -327,10 +327,7 @@ class DemoRun:
                 result.scheduler.crashed, result.scheduler.error = True, named
                 logged_at = find_crash_time(scheduler_log)
                 result.crashed_after = now - triggered if logged_at is None else logged_at - triggered_at
-        if (exit_code := watching.exit_code) is not None:
-            result.scheduler.alive, result.scheduler.exit_code = False, exit_code
-        if watching.crashed_at is not None:
-            result.scheduler.alive = False
+        result.scheduler.exit_code = watching.exit_code
 
     def _stop_reason(self, watching: _Watch, dags: dict[str, DagOutcome], now: float) -> str | None:
         return should_stop(

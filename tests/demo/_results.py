@@ -75,9 +75,7 @@ def recorded_results() -> list[RunResult]:
     stock = converged_result(
         label="stock",
         fix_enabled=False,
-        scheduler=SchedulerOutcome(
-            alive=False, crashed=True, error="IntegrityError: UNIQUE constraint failed"
-        ),
+        scheduler=SchedulerOutcome(crashed=True, error="IntegrityError: UNIQUE constraint failed"),
         converged=False,
         converge_seconds=None,
         reproduced=True,

@@ -13,7 +13,7 @@ def test_render_table_side_by_side() -> None:
     stock = converged_result(
         label="stock",
         fix_enabled=False,
-        scheduler=SchedulerOutcome(alive=False, crashed=True, error="UniqueViolation: duplicate key"),
+        scheduler=SchedulerOutcome(crashed=True, error="UniqueViolation: duplicate key"),
         converged=False,
         converge_seconds=None,
         reproduced=True,

@@ -32,7 +32,7 @@ def test_fixed_run_that_converged_has_no_problems() -> None:
 
 def test_fixed_problems_duplicates_crash_missing_retry_and_leftovers() -> None:
     result = converged_result(
-        scheduler=SchedulerOutcome(alive=False, crashed=True, error="UniqueViolation: ..."),
+        scheduler=SchedulerOutcome(crashed=True, error="UniqueViolation: ..."),
         converged=False,
         stop_reason="scheduler crashed",
         leftover_pids=[123],
@@ -70,7 +70,7 @@ def test_callbacks_complete_waits_for_each_failed_try() -> None:
 
 
 def test_stock_reproduced_crash_and_duplicates() -> None:
-    crashed = converged_result(fix_enabled=False, scheduler=SchedulerOutcome(alive=False, crashed=True))
+    crashed = converged_result(fix_enabled=False, scheduler=SchedulerOutcome(crashed=True))
     assert verdicts.stock_reproduced(crashed) is True
     assert verdicts.stock_reproduced(converged_result(fix_enabled=False)) is False
     duplicated = converged_result(version="3.3.2", fix_enabled=False, needed_fixes=DUPLICATES_NEEDS)

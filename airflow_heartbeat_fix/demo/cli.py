@@ -147,8 +147,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--listener",
         action="store_true",
-        help="deploy a listener plugin whose on_task_instance_failed writes an audit row through its own "
-        "create_session(), as a deployment's plugins do (stock 3.4 then dies at the first retry)",
+        help="deploy an audit listener plugin that reads a Variable when a Dag run starts and writes a row "
+        "through its own create_session() when a try fails, as deployments' plugins do (the stock "
+        "scheduler then crashes with DetachedInstanceError as it starts the first Dag run)",
     )
 
 

@@ -212,16 +212,26 @@ def test_status_with_off_switch_says_off_by_configuration_and_passes() -> None:
     assert stderr.strip() == ""
 
 
-@pytest.mark.parametrize("value", ["maybe", "on", "yes", "off", "no"])
-def test_status_invalid_off_switch_is_one_line_and_fails_safe(value: str) -> None:
-    rc, document, stderr = _status_json(value)
-    assert rc == 0, stderr
-    assert document["enabled"] is True
-    assert document["not_applied"] == []
-    assert document["config_problem"] == (
+def _invalid_switch(value: str) -> str:
+    return (
         f"[heartbeat_fix] enabled = {value!r} is not a boolean (accepted: True/False, t/f, 1/0); "
         "the fixes stay on"
     )
+
+
+@pytest.mark.parametrize("value", ["maybe", "on", "yes", "off", "no"])
+def test_invalid_off_switch_fails_safe(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Words Airflow's ``getboolean`` rejects, "off" and "no" included, keep the fixes on."""
+    monkeypatch.setenv("AIRFLOW__HEARTBEAT_FIX__ENABLED", value)
+    assert activation.read_switch() == activation.Switch(True, value, _invalid_switch(value))
+
+
+def test_status_invalid_off_switch_is_one_line_and_fails_safe() -> None:
+    rc, document, stderr = _status_json("off")
+    assert rc == 0, stderr
+    assert document["enabled"] is True
+    assert document["not_applied"] == []
+    assert document["config_problem"] == _invalid_switch("off")
     assert stderr.strip().splitlines() == [f"airflow-heartbeat-fix: {document['config_problem']}"]
 
 

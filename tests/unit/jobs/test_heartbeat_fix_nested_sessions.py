@@ -57,6 +57,7 @@ from tests.unit.jobs.test_scheduler_job import (
     _empty_operator,
     _final_state,
     _make_running,
+    _purge_pass,
     _report_event,
     _task_callbacks,
     _tries,
@@ -204,14 +205,6 @@ class TestSchedulerJob:
         dag_run = dag_maker.create_dagrun(run_id=f"run_{dag_id}", state=DagRunState.RUNNING)
         return _make_running(dag_run.get_task_instance("stall", session=session), self.runner, session)
 
-    def _purge(self, session: Session) -> list[Any]:
-        """One heartbeat-timeout scan and purge in ``session``, committed as the scheduler loop does."""
-        found = self.runner._find_task_instances_without_heartbeats(session=session)
-        if found:
-            self.runner._purge_task_instances_without_heartbeats(found, session=session)
-        session.commit()
-        return found
-
     def _queued_runs(self, dag_maker: DagMaker, session: Session, *dag_ids: str) -> None:
         """An unpaused Dag per id with one QUEUED run: the next scheduling pass starts them."""
         for dag_id in dag_ids:
@@ -245,10 +238,10 @@ class TestSchedulerJob:
         self.runner = new_runner(session)
         ti = self._hung_ti(dag_maker, session, "nested_hb_listener", retries=retries)
 
-        error = _failure_of(lambda: self._purge(session), session)
+        error = _failure_of(lambda: _purge_pass(self.runner, session), session)
 
         assert error is None, f"the heartbeat-timeout purge failed: {error!r}"
-        assert self._purge(session) == [], "the next scan found the same try again"
+        assert _purge_pass(self.runner, session) == [], "the next scan found the same try again"
         assert len(_task_callbacks(session, ti, try_number=1)) == 1
         if retries:
             _assert_retried_once(session, ti)
@@ -388,7 +381,7 @@ class TestSchedulerJob:
             )
 
             with mock.patch.dict(os.environ, smtp_settings):
-                error = _failure_of(lambda: self._purge(session), session)
+                error = _failure_of(lambda: _purge_pass(self.runner, session), session)
 
         assert error is None, f"the heartbeat-timeout purge failed: {error!r}"
         callbacks = _task_callbacks(session, ti, try_number=1)

@@ -252,6 +252,15 @@ def _clean_db() -> None:
         session.execute(delete(DbCallbackRequest))
 
 
+def _purge_pass(runner: Any, session: Session) -> list[TaskInstance]:
+    """One heartbeat-timeout scan and purge in ``session``, committed as the scheduler loop does."""
+    found = runner._find_task_instances_without_heartbeats(session=session)
+    if found:
+        runner._purge_task_instances_without_heartbeats(found, session=session)
+    session.commit()
+    return found
+
+
 @pytest.mark.need_serialized_dag
 class TestSchedulerJob:
     job_runner: Any
@@ -294,12 +303,7 @@ class TestSchedulerJob:
         return _make_running(ti, self.job_runner, session, try_number=try_number)
 
     def _purge(self, session: Session) -> list[TaskInstance]:
-        """One heartbeat-timeout scan and purge in ``session``, committed as the scheduler loop does."""
-        found = self.job_runner._find_task_instances_without_heartbeats(session=session)
-        if found:
-            self.job_runner._purge_task_instances_without_heartbeats(found, session=session)
-        session.commit()
-        return found
+        return _purge_pass(self.job_runner, session)
 
     def _schedule(self, session: Session) -> None:
         """One scheduling loop pass, committed as the loop commits it."""

@@ -32,22 +32,28 @@ except ImportError:
         EmailRequest = None
 
 if TYPE_CHECKING:
+    from types import CellType
+
     from airflow.callbacks.callback_requests import EmailRequest as EmailRequestType
     from airflow.executors.base_executor import BaseExecutor
     from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
     from airflow.models.dagrun import DagRun
+    from sqlalchemy.engine import Connection
     from sqlalchemy.orm import Session
 
 __all__ = [
     "EmailRequest",
     "Stats",
-    "create_session_code",
+    "create_session_cell",
     "dag_for_run",
     "dag_processor_execute_callbacks",
+    "dbapi_connection",
     "default_executor",
+    "listener_manager_class",
     "scheduler_executors",
     "scoped_session",
     "scoped_session_in_transaction",
+    "transaction_connection",
     "with_row_locks",
 ]
 
@@ -65,18 +71,81 @@ def scoped_session_in_transaction() -> bool:
     return registry is not None and registry.registry.has() and registry().in_transaction()
 
 
-def create_session_code() -> Any:
-    """
-    The code of ``create_session``'s generator: the frame that calls ``settings.Session()`` for it.
+#: How far :func:`create_session_cell` looks through wrappers of ``create_session`` (``__wrapped__`` and
+#: closures): a tracing wrapper of a tracing wrapper is two.
+_WRAPPER_DEPTH = 4
 
-    ``None`` if ``create_session`` is no longer a ``contextlib.contextmanager`` over a generator.
+
+def create_session_cell(installed: object = None) -> CellType | None:
+    """
+    The closure cell in which ``contextlib.contextmanager`` keeps Airflow's ``create_session`` generator
+    (or ``installed``, what this package put there).
+
+    Every module that imports ``create_session``, ``provide_session`` (which calls it by name) and every
+    wrapper that calls it share that one helper and so that one cell. Found from
+    ``airflow.utils.session.create_session`` as it is now, through wrappers (``__wrapped__`` or a closure
+    of theirs); ``None`` if it is no longer a context manager over a generator of ``airflow.utils.session``.
     """
     import inspect
 
-    from airflow.utils.session import create_session
+    from airflow.utils import session as session_module
 
-    generator = getattr(create_session, "__wrapped__", None)
-    return generator.__code__ if inspect.isgeneratorfunction(generator) else None
+    def is_airflows_generator(value: object) -> bool:
+        code = getattr(value, "__code__", None)
+        return (
+            inspect.isgeneratorfunction(value)
+            and code is not None
+            and code.co_name == "create_session"
+            and code.co_filename == session_module.__file__
+        )
+
+    seen: set[int] = set()
+    candidates: list[tuple[object, int]] = [(session_module.create_session, 0)]
+    while candidates:
+        candidate, depth = candidates.pop()
+        if id(candidate) in seen or depth > _WRAPPER_DEPTH:
+            continue
+        seen.add(id(candidate))
+        for cell in getattr(candidate, "__closure__", None) or ():
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if contents is installed or is_airflows_generator(contents):
+                return cell
+            candidates.append((contents, depth + 1))
+        if (wrapped := getattr(candidate, "__wrapped__", None)) is not None:
+            candidates.append((wrapped, depth + 1))
+    return None
+
+
+def transaction_connection(session: Session) -> Connection | None:
+    """
+    The connection the session's (outermost) transaction works on, or ``None`` if it has none yet.
+
+    SQLAlchemy 1.4 to 2.1 keep it in the private ``SessionTransaction._connections`` (bind -> a tuple whose
+    first item is the connection); asking the session for it (``session.connection()``) would check one
+    out. Where that changes, every transaction is taken to have a connection (the cautious answer).
+    """
+    transaction = session.get_transaction()
+    if transaction is None:
+        return None
+    connections = getattr(transaction, "_connections", None)
+    if connections is None:
+        return session.connection()
+    return next((entry[0] for entry in connections.values()), None)
+
+
+def listener_manager_class() -> type:
+    """Airflow's ``ListenerManager`` (3.3+ define it in ``airflow._shared`` and re-export it here)."""
+    from airflow.listeners.listener import ListenerManager
+
+    return ListenerManager
+
+
+def dbapi_connection(connection: Connection) -> Any:
+    """The driver's own connection under a SQLAlchemy one (``dbapi_connection`` since SQLAlchemy 1.4.24)."""
+    return connection.connection.dbapi_connection
 
 
 def scheduler_executors(runner: SchedulerJobRunner) -> list[BaseExecutor]:

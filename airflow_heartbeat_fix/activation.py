@@ -17,12 +17,13 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow_heartbeat_fix import support
 from airflow_heartbeat_fix.detection import (
     FIX_TITLES,
     FIXES,
+    NESTED_FIX,
     SINK_FIX,
     AirflowFacts,
     FixDecision,
@@ -31,9 +32,6 @@ from airflow_heartbeat_fix.detection import (
     decide,
     read_facts,
 )
-
-if TYPE_CHECKING:
-    from types import ModuleType
 
 LOGGER_NAME = "airflow_heartbeat_fix"
 
@@ -130,10 +128,10 @@ def _session_code() -> SessionCode:
     """What detection reads about Airflow's sessions and the code that runs nested in the loop's."""
     from airflow.models.taskinstance import TaskInstance
     from airflow.secrets.metastore import MetastoreBackend
-    from airflow.utils.session import create_session
-    from airflow.utils.sqlalchemy import CommitProhibitorGuard
 
-    return SessionCode(create_session, CommitProhibitorGuard, MetastoreBackend, TaskInstance)
+    from airflow_heartbeat_fix.nested_sessions import airflows_create_session, create_session_reached
+
+    return SessionCode(airflows_create_session(), MetastoreBackend, TaskInstance, create_session_reached())
 
 
 def facts() -> AirflowFacts:
@@ -204,15 +202,16 @@ def _failed(decided: dict[str, FixDecision], exc: BaseException) -> dict[str, Fi
 class _Installed:
     decided: dict[str, FixDecision] = field(default_factory=dict)
     runner: type | None = None
-    patched: list[tuple[ModuleType, str, Any]] = field(default_factory=list)
+    patched: list[tuple[object, str, Any]] = field(default_factory=list)
 
 
 _installed: _Installed | None = None
 
 
-def _patch(module: ModuleType, name: str, value: Any, into: _Installed) -> None:
-    into.patched.append((module, name, getattr(module, name)))
-    setattr(module, name, value)
+def _patch(target: object, name: str, value: Any, into: _Installed) -> None:
+    """Set ``target.name`` (a module's, a class's, a closure cell's), recording what to put back."""
+    into.patched.append((target, name, getattr(target, name)))
+    setattr(target, name, value)
 
 
 def install(*, raise_errors: bool = False) -> dict[str, FixDecision]:
@@ -265,6 +264,11 @@ def _apply(active: tuple[str, ...], state: _Installed) -> None:
 
     state.runner = build_runner_class(active, base=_originals()["runner"])
     _patch(scheduler_command, "SchedulerJobRunner", state.runner, state)
+    if NESTED_FIX in active:
+        from airflow_heartbeat_fix import listener_delivery, nested_sessions
+
+        for target, name, value in (*nested_sessions.patches(), *listener_delivery.patches()):
+            _patch(target, name, value, state)
     if SINK_FIX in active:
         from airflow_heartbeat_fix.callback_sink import SessionPreservingCallbackSink
 

@@ -84,8 +84,9 @@ class AirflowFacts:
     adoption_keeps_orphans_attached: bool | None = True
     #: What a nested create_session() does to the loop's transaction here (None: not recognised).
     nested_session_ends_transaction: bool | None = True
-    #: prohibit_commit lets a SAVEPOINT release through (3.4); older guards raise on it.
-    guard_tolerates_savepoints: bool = True
+    #: A create_session() called as provide_session calls it reaches the fix (False: something replaced
+    #: airflow.utils.session.create_session without calling Airflow's, so nested sessions go unrecognised).
+    create_session_recognised: bool = True
     #: The metastore secrets backend expunge_all()-s the session it is given (up to 3.1).
     metastore_expunges: bool = False
     #: handle_failure notifies listeners before it archives the try (3.4): a listener's session crashes it.
@@ -230,7 +231,7 @@ def _decide_event_type(facts: AirflowFacts, enabled: bool) -> FixDecision:
 
 
 def _decide_nested(facts: AirflowFacts, enabled: bool) -> FixDecision:
-    return _decide_standalone(
+    decision = _decide_standalone(
         facts,
         enabled,
         NESTED_FIX,
@@ -241,6 +242,16 @@ def _decide_nested(facts: AirflowFacts, enabled: bool) -> FixDecision:
         active="a create_session() nested in the loop commits or rolls back and closes the loop's session"
         + "".join(_nested_session_effects(facts)),
     )
+    if decision.state is FixState.ACTIVE and not facts.create_session_recognised:
+        return FixDecision(NESTED_FIX, FixState.UNSUPPORTED, UNRECOGNISED_CREATE_SESSION)
+    return decision
+
+
+#: Why the nested-session fix cannot act where create_session was replaced (status and the start line).
+UNRECOGNISED_CREATE_SESSION = (
+    "airflow.utils.session.create_session was replaced by code that does not call Airflow's, so a "
+    "session nested in the scheduler loop cannot be recognised; left unpatched"
+)
 
 
 def _nested_session_effects(facts: AirflowFacts) -> list[str]:
@@ -250,8 +261,6 @@ def _nested_session_effects(facts: AirflowFacts) -> list[str]:
         effects.append("; Variable and Connection lookups expunge_all() it (pending callbacks are lost)")
     if facts.listeners_before_next_try:
         effects.append("; a failure listener's session crashes a retry (UniqueViolation)")
-    if not facts.guard_tolerates_savepoints:
-        effects.append("; prohibit_commit is taught to let a savepoint release through")
     return effects
 
 
@@ -402,29 +411,23 @@ def adoption_keeps_orphans_attached(runner_cls: type) -> bool | None:
     return bool(_REREADS.intersection(after))
 
 
-def nested_session_ends_transaction(create_session: Any) -> bool | None:
+def nested_session_ends_transaction(generator: Any) -> bool | None:
     """
     Whether ``create_session()`` entered inside another one in the same thread ends that one's transaction.
 
-    Every release's ``create_session`` is a ``contextmanager`` whose generator takes ``settings.Session()``
-    (the thread's scoped session) and commits, rolls back and closes it unconditionally. One that begins
-    a SAVEPOINT joins an enclosing transaction instead; any other shape is not recognised.
+    ``generator``: Airflow's ``create_session`` generator (``None`` where it was not found). Every release's
+    takes ``settings.Session()`` (the thread's scoped session) and commits, rolls back and closes it
+    unconditionally. One that begins a SAVEPOINT joins an enclosing transaction instead; any other shape
+    is not recognised.
     """
     import inspect
 
-    generator = getattr(create_session, "__wrapped__", None)
     if not inspect.isgeneratorfunction(generator):
         return None
     names = frozenset(generator.__code__.co_names)
     if "begin_nested" in names:
         return False
     return True if {"commit", "rollback", "close"} <= names else None
-
-
-def guard_tolerates_savepoints(guard_cls: type) -> bool:
-    """Whether ``prohibit_commit``'s guard lets a SAVEPOINT release through (3.4 checks for one)."""
-    names = _names_used(getattr(guard_cls, "_validate_commit", None))
-    return names is not None and "in_nested_transaction" in names
 
 
 def metastore_expunges(backend_cls: type | None) -> bool:
@@ -464,10 +467,12 @@ def processor_runs_task_callbacks(execute_callbacks: Any) -> bool:
 class SessionCode:
     """Airflow's session handling and what runs nested in the loop's session, as detection reads them."""
 
+    #: Airflow's ``create_session`` generator (``None``: not found behind ``airflow.utils.session``'s).
     create_session: Any
-    guard_cls: type
     metastore_cls: type | None = None
     task_instance_cls: type | None = None
+    #: Whether ``create_session()`` as ``provide_session`` calls it reaches the fix (a probe's answer).
+    create_session_recognised: bool = True
 
 
 def read_facts(
@@ -497,7 +502,7 @@ def read_facts(
         processor_runs_task_callbacks=processor_runs_task_callbacks(execute_callbacks),
         adoption_keeps_orphans_attached=adoption_keeps_orphans_attached(runner_cls),
         nested_session_ends_transaction=nested_session_ends_transaction(session_code.create_session),
-        guard_tolerates_savepoints=guard_tolerates_savepoints(session_code.guard_cls),
+        create_session_recognised=session_code.create_session_recognised,
         metastore_expunges=metastore_expunges(session_code.metastore_cls),
         listeners_before_next_try=listeners_before_next_try(session_code.task_instance_cls),
     )

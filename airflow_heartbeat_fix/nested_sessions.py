@@ -1,276 +1,186 @@
 """
-A ``create_session()`` nested in the scheduler loop's own joins the loop's transaction instead of ending it.
+A ``create_session()`` nested in the scheduler loop's never ends the loop's transaction, and never makes the
+scheduler wait on it.
 
 In the scheduler's thread, ``create_session()`` (and so ``@provide_session`` called without a session)
-returns the thread's scoped session, which is the session the loop is working in. Leaving the nested
-block commits (or rolls back) and closes it: the loop's row locks are released, its task instances and
-Dag runs are detached, and inside ``_do_scheduling``'s ``prohibit_commit`` the commit raises instead.
-Listener plugins, cluster policies, ``Variable``/``Connection`` lookups (whose metastore backend even
-``expunge_all()``-s the session up to 3.1), deadline alerts, 3.0's scheduler-sent e-mail, an executor's
-adoption and the stock callback sink all do it.
+returns the thread's scoped session: the session the loop is working in. In stock Airflow, leaving the
+nested block commits (or rolls back) and closes it mid-batch: the loop's row locks are released, its task
+instances and Dag runs are detached, and inside ``prohibit_commit`` the commit raises instead. Listener
+plugins, cluster policies, ``Variable``/``Connection`` lookups, deadline alerts, 3.0's scheduler-sent
+e-mail, an executor's adoption and the stock callback sink all do it.
 
-The mechanism, while :func:`held_loop_session` is active in a thread:
+**How a nested session is recognised.** Every ``create_session()`` is one function object (the
+``contextlib.contextmanager`` helper of ``airflow.utils.session``: modules import it by name,
+``provide_session`` calls it by name, a tracing wrapper calls it), which keeps Airflow's generator in a
+closure cell. Activation puts :func:`create_session_in_loop` in that cell: Airflow's generator runs
+unchanged, except in a thread inside a loop path (:func:`held_loop_session`) whose scoped session is
+already in use by that path; such a ``create_session()`` is nested. :func:`create_session_reached` checks,
+by calling it, that ``airflow.utils.session.create_session`` still gets there (something that replaces it
+without calling Airflow's cannot be seen: status, the start line and the gauge then say so).
 
-* the outermost ``create_session()`` of the thread (or the session a loop path was handed) *owns* the
-  transaction, as in stock Airflow: its commits, rollbacks and close are its own;
-* a ``create_session()`` entered while the owner's is open gets a :class:`NestedSession`: the owner's
-  session, whose ``commit`` releases a SAVEPOINT, ``rollback`` rolls back to it, and ``close`` and
-  ``expunge_all`` detach only what the nested block loaded. Its writes commit or roll back with the
-  loop's transaction, its errors (PostgreSQL's aborted transaction included) undo only its own work;
-* ``prohibit_commit`` lets a SAVEPOINT release through (3.4's guard already does; older ones get the
-  check as a subclass).
+**What a nested block gets**: the loop's session itself (``isinstance(s, Session)`` and
+``object_session(obj) is s`` hold, as in stock). Its work runs in a SAVEPOINT, begun at its first
+database work (a block that only opens the session costs nothing), so a rollback or an error undoes only
+its own work and expires none of the loop's objects; ``close()`` and ``expunge_all()`` detach only what
+the block loaded or added (:class:`NestedBlock`). What its ``commit()`` means is decided at that first
+database work, from what the loop's transaction holds
+(:func:`~airflow_heartbeat_fix.loop_transaction.holds_nothing`):
 
-Code that calls ``settings.Session()`` directly (not through ``create_session``) shares the session
-and never ends it, in stock Airflow as here: it gets the session itself.
+* nothing (no pending change, no row written or locked): the block is its **own** transaction, as in
+  stock: its commit commits for real, publishing its writes and releasing its locks; nothing of the
+  loop's is at stake (``prohibit_commit`` lets that commit through: it breaks no lock);
+* something: the block **joins** the loop's transaction: its commit releases the savepoint and its writes
+  are published with the loop's next commit, under the loop's locks. A joined block that writes is
+  logged once per caller and counted (``heartbeat_fix.nested_sessions.joined_writes``).
 
-A savepoint needs a database that has them (SQLite, PostgreSQL and MySQL do). On SQLite, pysqlite begins
-a transaction at the first write only, so a nested block that writes before the loop has written
-anything commits its own writes when its savepoint is released; the loop's transaction is unaffected.
+Listener hooks are the plug-ins that write; those the loop calls while its transaction holds something
+run right after its next commit (:mod:`~airflow_heartbeat_fix.listener_delivery`, through
+:func:`after_loop_commit`), when their sessions are their own again.
+
+Other threads (an executor's, a plugin's pool) and code calling ``settings.Session()`` directly share
+nothing of this: they get what they get in stock Airflow. A process forked from a loop path (the
+LocalExecutor's workers) starts outside every loop path.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
+import logging
 import threading
 from typing import TYPE_CHECKING, Any
-from unittest import mock
 
 from airflow import settings
 from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
 from airflow.utils import sqlalchemy as airflow_sqlalchemy
 from sqlalchemy.orm import Session as SASession
 
-from airflow_heartbeat_fix._compat import create_session_code
-from airflow_heartbeat_fix.detection import NESTED_FIX_HOOKS, guard_tolerates_savepoints
+from airflow_heartbeat_fix._compat import create_session_cell
+from airflow_heartbeat_fix.detection import NESTED_FIX_HOOKS
+from airflow_heartbeat_fix.nested_blocks import OWN_COMMIT, loop_thread, nested_block
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Generator, Iterator
 
-    from sqlalchemy.orm import Session, SessionTransaction
+    from sqlalchemy.orm import Session
 
-#: Session attributes a nested block may read without starting its savepoint (no database work).
-_READ_WITHOUT_SAVEPOINT = frozenset(
-    {
-        "bind",
-        "get_bind",
-        "info",
-        "is_active",
-        "in_transaction",
-        "in_nested_transaction",
-        "identity_map",
-        "new",
-        "dirty",
-        "deleted",
-        "no_autoflush",
-        "autoflush",
-        "hash_key",
-    }
-)
+log = logging.getLogger(__name__)
 
 
-class NestedSession:
+# -- create_session, recognised ---------------------------------------------------------------------
+
+#: Airflow's own ``create_session`` generator, read from its cell when activation patches it.
+_airflows_create_session: Callable[..., Generator[Any, None, None]] | None = None
+
+
+def create_session_in_loop(*args: Any, **kwargs: Any) -> Generator[Any, None, None]:
     """
-    What a ``create_session()`` nested in the loop's gets: the loop's session, inside a SAVEPOINT of its own.
-
-    The savepoint begins at the block's first database work (a block that only opens the session costs
-    nothing) and ends at its ``commit`` (released) or ``rollback`` (rolled back); work after a commit
-    begins another. ``close`` and ``expunge_all`` detach the objects the block loaded or added, never the
-    loop's. Everything else is the loop's session's own.
+    What ``create_session``'s cell holds while the fix is active: Airflow's generator, except for a
+    ``create_session()`` nested in a loop path's, which gets
+    :func:`~airflow_heartbeat_fix.nested_blocks.nested_block`.
     """
-
-    def __init__(self, session: Session) -> None:
-        self._session = session
-        self._savepoint: SessionTransaction | None = None
-        #: Identity keys in the session when the block first touched it: the loop's objects.
-        self._loops_objects: frozenset[Any] | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        if name not in _READ_WITHOUT_SAVEPOINT:
-            self._begin()
-        return getattr(self._session, name)
-
-    def __contains__(self, instance: object) -> bool:
-        return instance in self._session
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._session)
-
-    def __enter__(self) -> NestedSession:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"<NestedSession of {self._session!r}>"
-
-    def _open(self) -> SessionTransaction | None:
-        """This block's savepoint if it is still in the session's chain of transactions (active or not)."""
-        current = self._session.get_nested_transaction()
-        while current is not None and current is not self._savepoint:
-            current = current.parent
-        return current
-
-    def _begin(self) -> None:
-        if self._savepoint is not None and self._savepoint.is_active:
-            return
-        # begin_nested() flushes first: what the loop left pending is written before the savepoint.
-        self._savepoint = self._session.begin_nested()
-        if self._loops_objects is None:
-            self._loops_objects = frozenset(self._session.identity_map.keys())
-
-    def commit(self) -> None:
-        """Release the savepoint (flushing the block's work into the loop's transaction)."""
-        if (savepoint := self._open()) is not None:
-            savepoint.commit()  # after a failed flush it raises, as the session's own commit would
-        self._savepoint = None
-
-    def rollback(self) -> None:
-        """Roll back to the savepoint (also after a failed flush deactivated it): the block's work only."""
-        savepoint, self._savepoint = self._open(), None
-        if savepoint is not None:
-            savepoint.rollback()
-
-    def expunge_all(self) -> None:
-        """Detach what the block loaded or added; the loop's objects stay."""
-        loops = self._loops_objects
-        if loops is None:  # the block has not touched the session: nothing in it is the block's
-            return
-        own = [obj for key, obj in list(self._session.identity_map.items()) if key not in loops]  # type: ignore[attr-defined]
-        for obj in [*own, *self._session.new]:
-            self._session.expunge(obj)
-
-    def close(self) -> None:
-        """End the block: what it did not commit is rolled back, what it loaded is detached."""
-        self.rollback()
-        self.expunge_all()
-        self._loops_objects = None
+    original = _airflows_create_session
+    assert original is not None, "create_session_in_loop runs only while it is installed"
+    if loop_thread.probing:
+        loop_thread.reached = True
+    scoped = kwargs.get("scoped", args[0] if args else True)
+    if not loop_thread.held or not scoped:
+        return (yield from original(*args, **kwargs))
+    if loop_thread.sessions_in_use:
+        return (yield from nested_block())
+    # The loop path's own create_session(): it owns the transaction, with stock's semantics.
+    loop_thread.sessions_in_use += 1
+    try:
+        return (yield from original(*args, **kwargs))
+    finally:
+        loop_thread.sessions_in_use -= 1
 
 
-class SavepointTolerantGuard(airflow_sqlalchemy.CommitProhibitorGuard):
+def create_session_reached() -> bool:
     """
-    ``prohibit_commit``'s guard, letting a SAVEPOINT release through.
+    Whether ``airflow.utils.session.create_session`` as it is now (what ``provide_session`` calls) runs
+    :func:`create_session_in_loop`: a wrapper that calls Airflow's ``create_session`` does, one that
+    replaces it does not. Called in a thread of its own, whose scoped session is new and stays unused.
+    """
+    from airflow.utils import session as session_module
 
-    SQLAlchemy fires ``before_commit`` for a savepoint's release too; a release ends neither the
-    transaction nor its row locks. Backports 3.4's check to the guards that raise on it (up to 3.3).
-    Installed only while a loop holds its session, where detection found the guard without it.
+    cell = create_session_cell(installed=create_session_in_loop)
+    if cell is None:
+        return False
+    reached: list[bool] = []
+
+    def probe() -> None:
+        loop_thread.probing = True
+        try:
+            with session_module.create_session():
+                pass
+            reached.append(loop_thread.reached)
+        except Exception:
+            log.debug("the create_session probe failed", exc_info=True)
+        finally:
+            if settings.Session is not None:
+                settings.Session.remove()
+
+    installed = cell.cell_contents is create_session_in_loop
+    with contextlib.nullcontext() if installed else _installed_in(cell):
+        thread = threading.Thread(target=probe, name="airflow-heartbeat-fix-probe", daemon=True)
+        thread.start()
+        thread.join(timeout=30)
+    return reached == [True]
+
+
+@contextlib.contextmanager
+def _installed_in(cell: Any) -> Iterator[None]:
+    """:func:`create_session_in_loop` in ``cell`` for the block (activation installs it for good)."""
+    global _airflows_create_session
+    original, previous = cell.cell_contents, _airflows_create_session
+    _airflows_create_session, cell.cell_contents = original, create_session_in_loop
+    try:
+        yield
+    finally:
+        cell.cell_contents, _airflows_create_session = original, previous
+
+
+def airflows_create_session() -> Any:
+    """Airflow's own ``create_session`` generator (in its cell, or saved from it while ours is there)."""
+    cell = create_session_cell(installed=create_session_in_loop)
+    if cell is None:
+        return None
+    return _airflows_create_session if cell.cell_contents is create_session_in_loop else cell.cell_contents
+
+
+def patches() -> list[tuple[Any, str, Any]]:
+    """
+    What activation installs for this fix, as ``(target, attribute, value)``: ``create_session``'s cell
+    and ``prohibit_commit``'s guard. Each gated per call: outside loop paths Airflow's own runs.
+    """
+    global _airflows_create_session
+    cell = create_session_cell(installed=create_session_in_loop)
+    if cell is None:
+        raise RuntimeError(
+            "airflow.utils.session.create_session is not a context manager over Airflow's generator"
+        )
+    if cell.cell_contents is not create_session_in_loop:
+        _airflows_create_session = cell.cell_contents
+    return [
+        (cell, "cell_contents", create_session_in_loop),
+        (airflow_sqlalchemy, "CommitProhibitorGuard", LoopCommitGuard),
+    ]
+
+
+class LoopCommitGuard(airflow_sqlalchemy.CommitProhibitorGuard):
+    """
+    ``prohibit_commit``'s guard, letting through what breaks no lock: a SAVEPOINT's release (SQLAlchemy
+    fires ``before_commit`` for it too; 3.4's guard already lets it through) and a nested block's own commit
+    (it began when the loop's transaction held nothing).
     """
 
     def _validate_commit(self, session: Any, *args: Any) -> None:
-        if session.in_nested_transaction():
+        if session.in_nested_transaction() or session.info.get(OWN_COMMIT):
             return
         super()._validate_commit(session, *args)
 
 
-class _Holder(threading.local):
-    """This thread's state: how many held loop paths are running, and whose transaction it is."""
-
-    depth = 0
-    owner: Session | None = None
-    #: the patch that ends an owner's claim when ``create_session`` closes its session
-    owner_close: Any = None
-
-    def hand_out(self, session: Session) -> Any:
-        """What a ``create_session()`` gets while a loop path runs in this thread."""
-        if self.owner is None:
-            self.own_until_closed(session)
-            return session
-        if session is self.owner:
-            return NestedSession(session)
-        return session
-
-    def own_until_closed(self, session: Session) -> None:
-        close = session.close
-
-        def owner_closes() -> None:
-            self.release()
-            close()
-
-        self.owner = session
-        self.owner_close = mock.patch.object(session, "close", owner_closes)
-        self.owner_close.start()
-
-    def release(self) -> None:
-        if self.owner_close is not None:
-            self.owner_close.stop()
-        self.owner, self.owner_close = None, None
-
-
-_holder = _Holder()
-
-
-class _LoopScopedSession:
-    """``settings.Session`` while a loop path runs: hands ``create_session()`` the owner or a nested one."""
-
-    def __init__(self, scoped: Any, create_session_code: Any) -> None:
-        self.scoped = scoped
-        self._create_session_code = create_session_code
-
-    def __call__(self, **kwargs: Any) -> Any:
-        session = self.scoped(**kwargs)
-        if _holder.depth and not kwargs and sys._getframe(1).f_code is self._create_session_code:
-            return _holder.hand_out(session)
-        return session
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.scoped, name)
-
-
-class _InProcess:
-    """The process-wide swaps, made while any thread holds a loop path and undone with the last one."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._threads = 0
-        self._swapped: list[tuple[Any, str, Any, Any]] = []
-
-    def enter(self) -> None:
-        with self._lock:
-            self._threads += 1
-            if self._threads == 1:
-                self._swap(settings, "Session", _LoopScopedSession(settings.Session, create_session_code()))
-                if not guard_tolerates_savepoints(airflow_sqlalchemy.CommitProhibitorGuard):
-                    self._swap(airflow_sqlalchemy, "CommitProhibitorGuard", SavepointTolerantGuard)
-
-    def leave(self) -> None:
-        with self._lock:
-            self._threads -= 1
-            if self._threads == 0:
-                self._restore()
-
-    def _swap(self, module: Any, name: str, ours: Any) -> None:
-        self._swapped.append((module, name, getattr(module, name), ours))
-        setattr(module, name, ours)
-
-    def forget_in_child(self) -> None:
-        """In a forked process: undo the swaps at once (no other thread of the parent runs here)."""
-        self._lock = threading.Lock()
-        self._threads = 0
-        self._restore()
-
-    def _restore(self) -> None:
-        for module, name, original, ours in reversed(self._swapped):
-            # Airflow may have replaced it meanwhile (configure_orm): leave its own in place.
-            if getattr(module, name) is ours:
-                setattr(module, name, original)
-        self._swapped.clear()
-
-
-_in_process = _InProcess()
-
-
-def _forget_in_child() -> None:
-    """
-    A process forked while a loop path runs (the LocalExecutor spawns workers from its heartbeat) is not
-    the scheduler loop: it starts with Airflow's own ``settings.Session`` and no hold.
-    """
-    _holder.depth, _holder.owner, _holder.owner_close = 0, None, None
-    _in_process.forget_in_child()
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
+# -- The loop paths ---------------------------------------------------------------------------------
 
 
 def _is_thread_scoped(session: Session) -> bool:
@@ -281,27 +191,18 @@ def _is_thread_scoped(session: Session) -> bool:
 @contextlib.contextmanager
 def held_loop_session(session: Session | None = None) -> Iterator[None]:
     """
-    While the block runs in this thread, a nested ``create_session()`` joins the owner's transaction.
-
-    ``session``: the session a loop path was handed; if it is the thread's scoped session and nothing
-    owns the thread's transaction yet, it owns it for the block. Re-entrant: a path inside another
-    (``_do_scheduling`` inside ``_run_scheduler_loop``) changes nothing.
+    While the block runs, this thread is in a loop path: a ``create_session()`` nested in one the path
+    works in is a nested block. ``session``: the session the path was handed; if it is the thread's
+    scoped session, the path works in it. Re-entrant.
     """
-    if _holder.depth == 0:
-        _in_process.enter()
-    _holder.depth += 1
-    claimed = session is not None and _holder.owner is None and _is_thread_scoped(session)
-    if claimed:
-        _holder.owner = session
+    in_use = session is not None and _is_thread_scoped(session)
+    loop_thread.held += 1
+    loop_thread.sessions_in_use += in_use
     try:
         yield
     finally:
-        if claimed and _holder.owner is session:
-            _holder.owner = None
-        _holder.depth -= 1
-        if _holder.depth == 0:
-            _holder.release()
-            _in_process.leave()
+        loop_thread.held -= 1
+        loop_thread.sessions_in_use -= in_use
 
 
 def _session_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Session | None:
@@ -322,7 +223,7 @@ def _held(name: str) -> Callable[..., Any]:
 
 class NestedSessionsJoinLoopMixin(SchedulerJobRunner):
     """
-    Hold the loop's session against nested ``create_session()`` calls on every path of the loop.
+    Mark every path of the scheduler loop, so that ``create_session()`` calls nested in it are recognised.
 
     Beyond every release: no Airflow 3 release makes ``create_session`` join an enclosing one. Upstream
     fixes call sites one at a time (apache/airflow#71968 lets ``Variable.get`` take a session, for 3.4;

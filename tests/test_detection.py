@@ -12,12 +12,12 @@ from airflow_heartbeat_fix.detection import (
     NESTED_FIX,
     PURGE_FIX,
     SINK_FIX,
+    UNRECOGNISED_CREATE_SESSION,
     AirflowFacts,
     FixState,
     adoption_keeps_orphans_attached,
     decide,
     executor_events_type_callbacks,
-    guard_tolerates_savepoints,
     listeners_before_next_try,
     metastore_expunges,
     nested_session_ends_transaction,
@@ -196,9 +196,9 @@ def test_facts_of_this_airflow_are_recognised():
     assert facts.adoption_keeps_orphans_attached is ("adoption_session_ended_by_executor" not in has)
     assert facts.nested_session_ends_transaction is ("nested_session_ends_loop_transaction" in has)
     assert facts.listeners_before_next_try is ("nested_session_crash_on_retry" in has)
-    # #63080 removed the metastore's expunge_all() in 3.2.0; 3.4 lets a savepoint through prohibit_commit.
+    # #63080 removed the metastore's expunge_all() in 3.2.0.
     assert facts.metastore_expunges is facts.version.startswith(("3.0.", "3.1."))
-    assert facts.guard_tolerates_savepoints is facts.version.startswith("3.4.")
+    assert facts.create_session_recognised is True
 
 
 @pytest.mark.parametrize("enabled", [True, False])
@@ -245,16 +245,17 @@ def test_adoption_shapes():
 
 
 @pytest.mark.parametrize(
-    ("ends", "missing", "enabled", "expected"),
+    ("ends", "missing", "recognised", "enabled", "expected"),
     [
-        pytest.param(True, (), True, (A, A), id="every release to 3.4.0b2"),
-        pytest.param(False, (), True, (N, A), id="create_session joins an enclosing one upstream"),
-        pytest.param(True, (), False, (D, D), id="off switch"),
-        pytest.param(None, (), True, (U, U), id="unknown create_session: adoption needs the hold"),
-        pytest.param(True, ("_do_scheduling",), True, (U, U), id="a loop path is missing"),
+        pytest.param(True, (), True, True, (A, A), id="every release to 3.4.0b2"),
+        pytest.param(False, (), True, True, (N, A), id="create_session joins an enclosing one upstream"),
+        pytest.param(True, (), True, False, (D, D), id="off switch"),
+        pytest.param(None, (), True, True, (U, U), id="unknown create_session: adoption needs the hold"),
+        pytest.param(True, ("_do_scheduling",), True, True, (U, U), id="a loop path is missing"),
+        pytest.param(True, (), False, True, (U, U), id="create_session replaced without calling Airflow's"),
     ],
 )
-def test_decide_nested_sessions(ends, missing, enabled, expected):
+def test_decide_nested_sessions(ends, missing, recognised, enabled, expected):
     """The orphan adoption's executor sessions are nested sessions: it needs the hold, or upstream's."""
     facts = AirflowFacts(
         "9.9.9",
@@ -263,29 +264,20 @@ def test_decide_nested_sessions(ends, missing, enabled, expected):
         missing,
         adoption_keeps_orphans_attached=False,
         nested_session_ends_transaction=ends,
+        create_session_recognised=recognised,
     )
     decided = decide(facts, enabled=enabled)
     assert (decided[NESTED_FIX].state, decided[ADOPTION_FIX].state) == expected
+    if not recognised:
+        assert decided[NESTED_FIX].reason == UNRECOGNISED_CREATE_SESSION
 
 
 @pytest.mark.parametrize(
     ("facts", "said", "not_said"),
     [
-        pytest.param(
-            {"metastore_expunges": True, "guard_tolerates_savepoints": False},
-            ["expunge_all() it", "taught to let a savepoint release through"],
-            ["UniqueViolation"],
-            id="3.0/3.1",
-        ),
-        pytest.param(
-            {"guard_tolerates_savepoints": False},
-            ["taught"],
-            ["expunge_all", "UniqueViolation"],
-            id="3.2/3.3",
-        ),
-        pytest.param(
-            {"listeners_before_next_try": True}, ["UniqueViolation"], ["taught", "expunge"], id="3.4"
-        ),
+        pytest.param({"metastore_expunges": True}, ["expunge_all() it"], ["UniqueViolation"], id="3.0/3.1"),
+        pytest.param({}, [], ["expunge_all", "UniqueViolation"], id="3.2/3.3"),
+        pytest.param({"listeners_before_next_try": True}, ["UniqueViolation"], ["expunge"], id="3.4"),
     ],
 )
 def test_nested_sessions_reason_says_what_bites_here(facts, said, not_said):
@@ -320,22 +312,14 @@ def test_nested_session_shapes():
     def unknown():
         yield None
 
-    assert nested_session_ends_transaction(stock) is True
-    assert nested_session_ends_transaction(joins) is False
-    assert nested_session_ends_transaction(unknown) is None
+    assert nested_session_ends_transaction(stock.__wrapped__) is True
+    assert nested_session_ends_transaction(joins.__wrapped__) is False
+    assert nested_session_ends_transaction(unknown.__wrapped__) is None
+    assert nested_session_ends_transaction(None) is None
     assert nested_session_ends_transaction(object) is None
 
 
-def test_guard_metastore_and_listener_shapes():
-    class Guard34:
-        def _validate_commit(self, session):
-            if session.in_nested_transaction():
-                return
-
-    class Guard33:
-        def _validate_commit(self, _):
-            raise RuntimeError
-
+def test_metastore_and_listener_shapes():
     class Metastore31:
         def get_variable(self, key, session):
             session.expunge_all()
@@ -350,8 +334,11 @@ def test_guard_metastore_and_listener_shapes():
             ti.prepare_db_for_next_try()
             get_listener_manager().hook.on_task_instance_failed()  # noqa: F821
 
-    assert (guard_tolerates_savepoints(Guard34), guard_tolerates_savepoints(Guard33)) == (True, False)
-    assert (metastore_expunges(Metastore31), metastore_expunges(Guard33), metastore_expunges(None)) == (
+    assert (
+        metastore_expunges(Metastore31),
+        metastore_expunges(TaskInstance33),
+        metastore_expunges(None),
+    ) == (
         True,
         False,
         False,

@@ -20,9 +20,13 @@ from airflow_heartbeat_fix.demo.config import LISTENER_PLUGIN_FILE
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
-#: The plug-ins the tests install: the demo's listener plugin file and an ``airflow_local_settings.py``.
+#: The plug-ins the tests install: the demo's listener plugin file, an ``airflow_local_settings.py``, an
+#: alerting listener that waits for its own worker thread, and a listener pair writing shared rows.
 LISTENER_PLUGIN = LISTENER_PLUGIN_FILE
-LOCAL_SETTINGS = Path(__file__).with_name("plugin_files") / "airflow_local_settings.py"
+PLUGIN_FILES = Path(__file__).with_name("plugin_files")
+LOCAL_SETTINGS = PLUGIN_FILES / "airflow_local_settings.py"
+ACKNOWLEDGING_LISTENER = PLUGIN_FILES / "heartbeat_fix_acknowledging_listener.py"
+PAIR_LISTENER = PLUGIN_FILES / "heartbeat_fix_pair_listener.py"
 
 
 def install_plugin_folder(folder: Path, *plugin_files: Path) -> Path:

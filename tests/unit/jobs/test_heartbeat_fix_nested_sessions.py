@@ -41,8 +41,10 @@ from sqlalchemy import delete, select, update
 
 from testing import killed_scheduler as harness
 from testing.plugins import (
+    ACKNOWLEDGING_LISTENER,
     LISTENER_PLUGIN,
     LOCAL_SETTINGS,
+    PAIR_LISTENER,
     install_plugin_folder,
     local_settings_loaded,
     plugins_loaded,
@@ -81,6 +83,12 @@ POLICY_QUEUE_VARIABLE = "heartbeat_fix_policy_queue"
 DEADLINE_VARIABLE = "heartbeat_fix_deadline_seconds"
 #: How long a real scheduler gets to fail the hung try for retry (it scans every second).
 CONVERGE_TIMEOUT = 60.0
+#: What the acknowledging listener and the pair listener write (their modules: testing/plugin_files).
+ALERT_EVENT, PAIR_EVENT = "heartbeat-fix-alert", "heartbeat-fix-pair"
+PAIR = ("heartbeat_fix_pair_left", "heartbeat_fix_pair_right")
+#: The listener waits for its worker up to 10 s; a scheduler thread that does not wait on its own
+#: transaction is acknowledged in milliseconds.
+ACK_WAIT_LIMIT = 2.0
 #: The Kafka provider's event producer plugin module: it reads its configuration when imported.
 KAFKA_PLUGIN_MODULE = "airflow.providers.apache.kafka.plugins.event_producer"
 
@@ -146,6 +154,31 @@ def audit_listener(tmp_path: Path) -> Iterator[Any]:
     folder = install_plugin_folder(tmp_path / "plugins", LISTENER_PLUGIN)
     with plugins_loaded(folder) as listener_manager:
         yield listener_manager
+
+
+@pytest.fixture
+def acknowledging_listener(tmp_path: Path) -> Iterator[Any]:
+    """The send-and-acknowledge alerting listener, deployed in a plugins folder."""
+    folder = install_plugin_folder(tmp_path / "plugins", ACKNOWLEDGING_LISTENER)
+    with plugins_loaded(folder) as listener_manager:
+        yield listener_manager
+
+
+@pytest.fixture
+def pair_listener(tmp_path: Path) -> Iterator[Any]:
+    """The listener that writes its own Dag's row, then the paired Dag's, deployed in a plugins folder."""
+    folder = install_plugin_folder(tmp_path / "plugins", PAIR_LISTENER)
+    with plugins_loaded(folder) as listener_manager:
+        yield listener_manager
+    with create_session(scoped=False) as cleaner:
+        cleaner.execute(delete(Variable).where(Variable.key.in_([f"{dag_id}_row" for dag_id in PAIR])))
+
+
+def _logged(event: str) -> list[tuple[str | None, list[str]]]:
+    """``(dag_id, extra split at "|")`` of ``event``'s committed ``log`` rows, in a session of its own."""
+    with create_session(scoped=False) as reader:
+        rows = reader.execute(select(Log.dag_id, Log.extra).where(Log.event == event).order_by(Log.id)).all()
+    return [(dag_id, (extra or "").split("|")) for dag_id, extra in rows]
 
 
 @pytest.fixture
@@ -281,6 +314,73 @@ class TestSchedulerJob:
             ("nested_dr_first", "run_nested_dr_first", f"running: channel={CHANNEL}"),
             ("nested_dr_second", "run_nested_dr_second", f"running: channel={CHANNEL}"),
         ]
+
+    # -- Listeners that count on their commits (no failure mode stock lacks) ---------------------------
+
+    @pytest.mark.parametrize("retries", [pytest.param(0, id="no_retries"), pytest.param(1, id="retryable")])
+    def test_acknowledging_listener_is_acknowledged_without_the_scheduler_waiting(
+        self, dag_maker, session, acknowledging_listener, retries
+    ):
+        """
+        A listener that marks its alert pending and waits for a worker thread of its own to read the mark
+        and acknowledge it (both through ``Variable.set``): the worker sees the mark and writes the same
+        row at once, so the scheduler's thread never waits on its own transaction; the listener sees the
+        try as Airflow announced it.
+        """
+        self.runner = new_runner(session)
+        executor = default_executor(self.runner)
+        ti = self._hung_ti(dag_maker, session, "nested_ack", retries=retries)
+        _report_event(executor, ti, TaskInstanceState.FAILED)
+
+        error = _failure_of(lambda: self.runner._process_executor_events(executor, session), session)
+
+        assert error is None, f"executor-event processing failed: {error!r}"
+        [(_, (outcome, waited, state, seen))] = _logged(ALERT_EVENT)
+        assert (outcome, seen) == ("acknowledged", "worker read pending"), f"waited {waited} s"
+        assert float(waited) < ACK_WAIT_LIMIT, f"the scheduler's thread waited {waited} s on itself"
+        assert state == (TaskInstanceState.UP_FOR_RETRY if retries else TaskInstanceState.FAILED)
+
+    @pytest.mark.backend("postgres")
+    def test_listeners_of_two_schedulers_write_shared_rows_in_opposite_orders(
+        self, dag_maker, session, pair_listener
+    ):
+        """
+        Two schedulers (two threads, two runners, a session each) fail a try of each paired Dag at once;
+        each one's listener writes its own Dag's row, waits to see the other's, then writes the other's:
+        neither waits for the other's transaction, no deadlock, no listener write lost.
+        """
+        import threading
+
+        from airflow import settings
+
+        pairs = []
+        for dag_id in PAIR:
+            self.runner = new_runner(session)
+            ti = self._hung_ti(dag_maker, session, dag_id)
+            executor = default_executor(self.runner)
+            _report_event(executor, ti, TaskInstanceState.FAILED)
+            pairs.append((self.runner, executor))
+        session.commit()
+        errors: list[BaseException | None] = []
+
+        def scheduler(runner: Any, executor: Any) -> None:
+            own = settings.Session()  # each scheduler has its own
+            try:
+                errors.append(_failure_of(lambda: runner._process_executor_events(executor, own), own))
+            finally:
+                settings.Session.remove()
+
+        threads = [threading.Thread(target=scheduler, args=pair) for pair in pairs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+
+        assert errors == [None, None], f"executor-event processing failed: {errors!r}"
+        written = sorted((dag_id, extra[0].split(" after ")[0]) for dag_id, extra in _logged(PAIR_EVENT))
+        assert written == [(dag_id, "wrote both; saw the other's row") for dag_id in PAIR], (
+            "a listener write was lost (deadlock) or the other's row stayed invisible"
+        )
 
     # -- Cluster policies -----------------------------------------------------------------------------
 
@@ -440,6 +540,117 @@ class TestRealScheduler:
             _assert_retried_once(reader, ti)
             assert len(_task_callbacks(reader, ti, try_number=1)) == 1
         assert _audit_rows() == [("nested_real_scheduler", "run_nested_real_scheduler", "failed: try 1")]
+
+    @pytest.mark.backend("postgres")
+    def test_acknowledging_listener_on_a_real_scheduler(self, dag_maker, session, tmp_path):
+        """
+        A real scheduler with the acknowledging listener fails four hung tries: each alert is acknowledged
+        by the listener's own worker thread with no wait of the scheduler's thread, and each try converges
+        with one callback.
+        """
+        from airflow_heartbeat_fix.activation import is_enabled
+
+        home = tmp_path / "home"
+        install_plugin_folder(home / "plugins", ACKNOWLEDGING_LISTENER)
+        with dag_maker(dag_id="nested_real_ack", schedule=None, session=session):
+            for number in range(4):
+                _empty_operator(f"stall_{number}")
+        dag_run = dag_maker.create_dagrun(run_id="run_nested_real_ack", state=DagRunState.RUNNING)
+        tis = dag_run.get_task_instances(session=session)
+        scheduler = harness.start_scheduler(
+            "ack-scheduler",
+            home,
+            fix_enabled=is_enabled(),
+            AIRFLOW__CORE__PLUGINS_FOLDER=str(home / "plugins"),
+        )
+        try:
+            job_id = harness.scheduler_job(scheduler, known=set())
+            harness.check_activation(scheduler, is_enabled())
+            make_stale_for_job(tis, job_id, session)
+            outcome = _until_all_converged(scheduler, tis)
+            scheduler_log = scheduler.read_log()
+        finally:
+            scheduler.stop()
+
+        assert harness.loop_crash(scheduler_log) is None, harness.loop_crash(scheduler_log)
+        assert outcome == "converged", f"the hung tries did not converge: {outcome}"
+        alerts = [extra for _, extra in _logged(ALERT_EVENT)]
+        assert [(outcome, seen) for outcome, _, _, seen in alerts] == [
+            ("acknowledged", "worker read pending")
+        ] * len(tis), alerts
+        assert max(float(waited) for _, waited, _, _ in alerts) < ACK_WAIT_LIMIT, alerts
+
+    @pytest.mark.backend("postgres")
+    def test_listeners_of_two_real_schedulers_write_shared_rows(self, dag_maker, session, tmp_path):
+        """
+        Two real schedulers, each owning a hung try of one of the paired Dags, fail them at once; their
+        listeners write the same two rows in opposite orders: no deadlock, no listener write lost.
+        """
+        from airflow_heartbeat_fix.activation import is_enabled
+
+        home = tmp_path / "home"
+        install_plugin_folder(home / "plugins", PAIR_LISTENER)
+        tis = []
+        for dag_id in PAIR:
+            with dag_maker(dag_id=dag_id, schedule=None, session=session):
+                _empty_operator("stall")
+            dag_run = dag_maker.create_dagrun(run_id=f"run_{dag_id}", state=DagRunState.RUNNING)
+            tis.append(dag_run.get_task_instance("stall", session=session))
+        schedulers, jobs = [], set()
+        try:
+            for dag_id in PAIR:
+                scheduler = harness.start_scheduler(
+                    f"pair-{dag_id}",
+                    home,
+                    fix_enabled=is_enabled(),
+                    AIRFLOW__CORE__PLUGINS_FOLDER=str(home / "plugins"),
+                )
+                schedulers.append(scheduler)
+                jobs.add(harness.scheduler_job(scheduler, known=jobs))
+            for scheduler in schedulers:
+                harness.check_activation(scheduler, is_enabled())
+            for ti, job_id in zip(tis, sorted(jobs), strict=True):
+                make_stale_for_job([ti], job_id, session)
+            outcomes = [
+                _until_all_converged(scheduler, [ti]) for scheduler, ti in zip(schedulers, tis, strict=True)
+            ]
+            logs = [scheduler.read_log() for scheduler in schedulers]
+        finally:
+            for scheduler in schedulers:
+                scheduler.stop()
+
+        assert [harness.loop_crash(log) for log in logs] == [None, None]
+        assert outcomes == ["converged", "converged"], outcomes
+        written = sorted((dag_id, extra[0].split(" after ")[0]) for dag_id, extra in _logged(PAIR_EVENT))
+        assert written == [(dag_id, "wrote both; saw the other's row") for dag_id in PAIR], (
+            "a listener write was lost (deadlock) or the other's row stayed invisible"
+        )
+        with create_session(scoped=False) as cleaner:
+            cleaner.execute(delete(Variable).where(Variable.key.in_([f"{dag_id}_row" for dag_id in PAIR])))
+
+
+def _until_all_converged(scheduler: Any, tis: list[Any]) -> str:
+    """
+    Wait until every try 1 of ``tis`` has left RUNNING (two more scans then pass); or say what happened
+    instead: the scheduler exited, or a try was purged a second time (a purge that never converges).
+    """
+    import time
+
+    deadline = time.monotonic() + CONVERGE_TIMEOUT
+    while time.monotonic() < deadline:
+        if scheduler.popen.poll() is not None or harness.loop_crash(scheduler.read_log()):
+            return "the scheduler exited"
+        with create_session(scoped=False) as reader:
+            if any(len(_task_callbacks(reader, ti, try_number=1)) > 1 for ti in tis):
+                return "a try was purged again (the purge left it running)"
+            states = [state for ti in tis for number, state, _ in _tries(reader, ti) if number == 1]
+        if len(states) >= len(tis) and all(
+            state in (TaskInstanceState.FAILED, TaskInstanceState.UP_FOR_RETRY) for state in states
+        ):
+            time.sleep(2 * harness.PURGE_EVERY)
+            return "converged"
+        time.sleep(0.2)
+    return f"still {states} after {CONVERGE_TIMEOUT:.0f} s"
 
 
 def _until_converged(scheduler: Any, ti: Any) -> str:

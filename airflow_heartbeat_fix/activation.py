@@ -32,8 +32,7 @@ from airflow_heartbeat_fix.detection import (
     decide,
     read_facts,
 )
-
-LOGGER_NAME = "airflow_heartbeat_fix"
+from airflow_heartbeat_fix.logs import fix_logger
 
 CONFIG_SECTION = "heartbeat_fix"
 #: What Airflow's ``conf.getboolean`` accepts, for the one-line error.
@@ -77,32 +76,13 @@ def is_enabled() -> bool:
     return read_switch().enabled
 
 
-@functools.cache
-def _log() -> Any:
-    """
-    The ``airflow_heartbeat_fix`` logger, made the way Airflow makes its own classes' loggers.
-
-    Airflow 3's ``[logging] namespace_levels`` filters the structlog loggers ``LoggingMixin`` hands out,
-    not ``logging.getLogger()`` ones; on a release that logs through the standard library it is one.
-    """
-    try:
-        from airflow.utils.log.logging_mixin import LoggingMixin
-    except ImportError:
-        return logging.getLogger(LOGGER_NAME)
-
-    class _Logs(LoggingMixin):
-        _logger_name = LOGGER_NAME
-
-    return _Logs().log
-
-
 #: True while :func:`dry_run` activates: the caller reports the outcome, the start line is the scheduler's.
 _quiet = False
 
 
 def _say(level: int, message: str) -> None:
     if not _quiet:
-        _log().log(level, "%s", message)
+        fix_logger().log(level, "%s", message)
 
 
 def one_line(exc: BaseException) -> str:
@@ -246,7 +226,7 @@ def install(*, raise_errors: bool = False) -> dict[str, FixDecision]:
         uninstall()
         if raise_errors:
             raise ActivationError(f"airflow-heartbeat-fix could not be activated: {one_line(exc)}") from exc
-        _log().debug("airflow-heartbeat-fix could not be activated", exc_info=True)
+        fix_logger().debug("airflow-heartbeat-fix could not be activated", exc_info=True)
         decided = _failed(decided, exc)
         _say(logging.WARNING, summary(decided, version, problem))
         return decided
@@ -297,10 +277,20 @@ def dry_run() -> dict[str, FixDecision]:
         return _installed.decided
     _quiet = True
     try:
+        _load_plugins()  # as the scheduler does when it starts: a plugin may replace what the fixes patch
         return install()
     finally:
         uninstall()
         _quiet = False
+
+
+def _load_plugins() -> None:
+    from airflow import plugins_manager
+
+    try:
+        plugins_manager.ensure_plugins_loaded()
+    except Exception:  # the scheduler would meet the same error; status reports what it can
+        fix_logger().debug("loading the plugins failed", exc_info=True)
 
 
 def installed_runner() -> type | None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import inspect
@@ -31,13 +30,14 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from airflow_heartbeat_fix import nested_blocks
 from airflow_heartbeat_fix._compat import Stats, listener_manager_class
+from airflow_heartbeat_fix.logs import fix_logger
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
     from sqlalchemy.orm import InstanceState
 
-log = logging.getLogger(__name__)
+log = fix_logger(__name__)
 
 #: ``{state: {column attribute: value}}``: what the ORM objects handed to a hook held when it was called.
 Snapshot = dict["InstanceState[Any]", dict[str, Any]]

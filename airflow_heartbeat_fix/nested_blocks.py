@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
-import logging
 import os
 import sys
 import threading
@@ -27,6 +26,7 @@ from sqlalchemy import event
 from sqlalchemy.orm.attributes import instance_state
 
 from airflow_heartbeat_fix._compat import Stats, scoped_session
+from airflow_heartbeat_fix.logs import fix_logger
 from airflow_heartbeat_fix.loop_transaction import holds_nothing
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from sqlalchemy.orm import InstanceState, ORMExecuteState, Session, SessionTransaction
 
-log = logging.getLogger(__name__)
+log = fix_logger(__name__)
 
 
 class Mode(enum.Enum):

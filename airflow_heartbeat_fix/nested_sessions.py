@@ -45,7 +45,6 @@ LocalExecutor's workers) starts outside every loop path.
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +55,7 @@ from sqlalchemy.orm import Session as SASession
 
 from airflow_heartbeat_fix._compat import create_session_cell
 from airflow_heartbeat_fix.detection import NESTED_FIX_HOOKS
+from airflow_heartbeat_fix.logs import fix_logger
 from airflow_heartbeat_fix.nested_blocks import OWN_COMMIT, loop_thread, nested_block
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
     from sqlalchemy.orm import Session
 
-log = logging.getLogger(__name__)
+log = fix_logger(__name__)
 
 
 # -- create_session, recognised ---------------------------------------------------------------------
@@ -126,6 +126,40 @@ def create_session_reached() -> bool:
         thread.start()
         thread.join(timeout=30)
     return reached == [True]
+
+
+#: What :func:`in_force` found last time (``None``: not asked yet in this process).
+_reached_last: bool | None = None
+
+
+def in_force() -> bool:
+    """
+    Whether ``create_session`` still reaches the fix (:func:`create_session_reached`), asked when the
+    scheduler loop starts and at every scheduler heartbeat; the log says so when the answer changes, and
+    the fix's gauge follows it. A plugin or a tracing library may replace ``create_session`` after the
+    start line was logged.
+    """
+    global _reached_last
+    from airflow.utils import session as session_module
+
+    reached = create_session_reached()
+    if reached is not _reached_last:
+        if not reached:
+            replacement = session_module.create_session
+            log.warning(
+                "airflow-heartbeat-fix (nested_sessions_join_loop): airflow.utils.session.create_session is "
+                "%s.%s, which does not call Airflow's: sessions nested in the scheduler loop are not "
+                "recognised and the fix is not in force (its gauge "
+                "heartbeat_fix.fix.nested_sessions_join_loop is 0)",
+                getattr(replacement, "__module__", "?"),
+                getattr(replacement, "__qualname__", repr(replacement)),
+            )
+        elif _reached_last is not None:
+            log.info(
+                "airflow-heartbeat-fix (nested_sessions_join_loop): create_session reaches the fix again"
+            )
+    _reached_last = reached
+    return reached
 
 
 @contextlib.contextmanager

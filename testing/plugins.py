@@ -21,12 +21,15 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
 #: The plug-ins the tests install: the demo's listener plugin file, an ``airflow_local_settings.py``, an
-#: alerting listener that waits for its own worker thread, and a listener pair writing shared rows.
+#: alerting listener that waits for its own worker thread, a listener pair writing shared rows, and a
+#: plugin that replaces create_session.
 LISTENER_PLUGIN = LISTENER_PLUGIN_FILE
 PLUGIN_FILES = Path(__file__).with_name("plugin_files")
 LOCAL_SETTINGS = PLUGIN_FILES / "airflow_local_settings.py"
 ACKNOWLEDGING_LISTENER = PLUGIN_FILES / "heartbeat_fix_acknowledging_listener.py"
 PAIR_LISTENER = PLUGIN_FILES / "heartbeat_fix_pair_listener.py"
+#: A tracing plugin that wraps (or, with HEARTBEAT_FIX_TRACING=replace, re-implements) create_session.
+SESSION_TRACING_PLUGIN = PLUGIN_FILES / "heartbeat_fix_session_tracing_plugin.py"
 
 
 def install_plugin_folder(folder: Path, *plugin_files: Path) -> Path:

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from typing import TYPE_CHECKING
 
 import pytest
 
 from airflow_heartbeat_fix import activation
-from airflow_heartbeat_fix.detection import FIXES, FixState
+from airflow_heartbeat_fix.detection import FIXES, NESTED_FIX, FixState
 from airflow_heartbeat_fix.metrics import gauge_name
+from testing.plugins import SESSION_TRACING_PLUGIN, install_plugin_folder
 from tests.test_activation import AIRFLOW, STATUS, _run
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
 #: The gauges are the scheduler's, whatever its metadata database: each release's SQLite cell runs them.
 pytestmark = [
@@ -91,3 +94,37 @@ def test_scheduler_switched_off_emits_no_fix_gauge(statsd: socket.socket) -> Non
     lines = _received(statsd)
     assert f"{PREFIX}.scheduler_heartbeat:1|c" in lines, lines
     assert _gauges(lines) == {}
+
+
+@pytest.mark.parametrize(
+    ("tracing", "nested_gauge"),
+    [
+        pytest.param("wrap", "1", id="a wrapper that calls Airflow's"),
+        pytest.param("replace", "0", id="a replacement"),
+    ],
+)
+def test_a_plugin_replacing_create_session_after_activation_shows_in_the_gauge_and_the_log(
+    statsd: socket.socket, tmp_path: Path, tracing: str, nested_gauge: str
+) -> None:
+    """
+    A plugin loaded at scheduler start replaces create_session: if its replacement calls Airflow's, the
+    nested-session fix stays in force; if not, the log says so and the fix's gauge drops to 0 (the other
+    fixes carry on), and status, loading the same plugins, reports the fix unsupported.
+    """
+    assert activation.decide(activation.facts(), enabled=True)[NESTED_FIX].state is FixState.ACTIVE
+    plugins = install_plugin_folder(tmp_path / "plugins", SESSION_TRACING_PLUGIN)
+    env = {
+        **_metrics_env(statsd),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(plugins),
+        "HEARTBEAT_FIX_TRACING": tracing,
+    }
+    result = _run([AIRFLOW, "scheduler", "--num-runs", "3", "--skip-serve-logs"], enabled=True, env=env)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    gauges = _gauges(_received(statsd))
+    assert set(gauges[NESTED_FIX]) == {nested_gauge}, gauges
+    warned = "which does not call Airflow's: sessions nested in the scheduler loop are not recognised"
+    assert (warned in result.stdout + result.stderr) is (tracing == "replace")
+    status = _run([STATUS, "status", "-o", "json"], enabled=True, env=env, timeout=120)
+    nested = next(row for row in json.loads(status.stdout)["fixes"] if row["fix"] == NESTED_FIX)
+    expected = FixState.ACTIVE.value if tracing == "wrap" else FixState.UNSUPPORTED.value
+    assert nested["state"] == expected, nested

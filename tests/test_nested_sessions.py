@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 import threading
 from typing import TYPE_CHECKING, Any
@@ -106,20 +105,20 @@ def test_nested_rollback_undoes_only_its_own_work(loop: Session) -> None:
     assert _stored() == ["before", "after"]
 
 
-def test_a_joined_write_is_logged_once_per_caller_and_counted(
-    loop: Session, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_joined_write_is_logged_once_per_caller_and_counted(loop: Session, cap_structlog) -> None:
     """The one case where a nested commit cannot publish at once: named in the log, once, and counted."""
     nested_blocks._JOINED_WRITERS.clear()
     _writes_and_flushes(loop, "loop")
-    with mock.patch.object(nested_blocks.Stats, "incr") as incr, caplog.at_level(logging.WARNING):
+    with mock.patch.object(nested_blocks.Stats, "incr") as incr:
         for extra in ("first", "second"):
             with create_session() as nested:
                 nested.add(Log(event=EVENT, extra=extra))
 
-    warnings = [r.getMessage() for r in caplog.records if "nested_sessions_join_loop" in r.getMessage()]
+    warnings = [message for message in cap_structlog.messages if "nested_sessions_join_loop" in message]
     assert len(warnings) == 1, warnings
-    assert f"{__name__}.test_a_joined_write_is_logged_once_per_caller_and_counted" in warnings[0]
+    assert {
+        f"{__name__}.test_a_joined_write_is_logged_once_per_caller_and_counted"
+    } == nested_blocks._JOINED_WRITERS
     counted = [c for c in incr.call_args_list if c.args[0] == "heartbeat_fix.nested_sessions.joined_writes"]
     assert len(counted) == 2
 

@@ -46,10 +46,11 @@ class HeldOrphanAdoptionMixin(SchedulerJobRunner):
     executors' adoption (detection then reports ``held_orphan_adoption`` "not needed") *and* keeps their
     row locks to its own commit, which #71348's re-select alone does not.
 
-    The executor's own scoped ``create_session()`` is a session nested in the adoption's:
-    :class:`~airflow_heartbeat_fix.nested_sessions.NestedSessionsJoinLoopMixin` holds it (a SAVEPOINT
-    instead of the commit and the close), so its writes commit with the adoption's own commit and the
-    orphans' row locks, taken before it, are held to that commit. Upstream's re-select (#71348) fixes the
+    The executor's own scoped ``create_session()`` is a session nested in the adoption's
+    (:mod:`~airflow_heartbeat_fix.nested_sessions`): where the orphans' rows are locked (PostgreSQL) it
+    joins the adoption's transaction in a SAVEPOINT, so its writes commit with the adoption's own commit
+    and the locks, taken before it, are held to that commit; where nothing is locked (SQLite) its commit
+    is its own. Either way its close detaches only what it loaded. Upstream's re-select (#71348) fixes the
     detached reads but not the early commit: between the executor's commit and the re-select another
     scheduler can lock and adopt or reset the same orphans.
 
@@ -59,8 +60,8 @@ class HeldOrphanAdoptionMixin(SchedulerJobRunner):
     task instances it returns that it was not handed, or detached copies, are matched to the batch by
     id; instances it expunged are added back (the transaction and its locks are intact).
 
-    Statements: none of its own; an executor's nested session costs its SAVEPOINT and RELEASE instead of
-    its COMMIT.
+    Statements: none of its own; an executor's nested session that reads or writes costs a SAVEPOINT and
+    its RELEASE (and on PostgreSQL one read of the transaction id) instead of its COMMIT.
     """
 
     @provide_session

@@ -2,7 +2,8 @@
 The project's test runner (nox). ``bash scripts/test.sh`` runs it from a pinned bootstrap; directly:
 ``bash scripts/nox.sh -l`` lists the sessions, ``bash scripts/nox.sh -s lint`` runs one.
 
-Sessions: ``tests(airflow, db, mode)`` (the matrix), ``lint``, ``breeze_overrides``, ``e2e(airflow, db)``
+Sessions: ``tests(airflow, db, mode)`` (the matrix), ``tests_wrapped_create_session(airflow, db)`` (the
+nested-session tests through a tracing wrapper of ``create_session``), ``lint``, ``breeze_overrides``, ``e2e(airflow, db)``
 and ``e2e_celery(airflow, scenario)`` (the demo end to end, LocalExecutor and the Celery topology, one at
 a time after the matrix), ``parity`` (checks test-results/ against parity/expectations.toml), and, not
 run by default, ``demo``, ``bench`` and ``e2e_celery_all(airflow, scenario)``.
@@ -461,6 +462,32 @@ def tests_kubernetes(session: nox.Session, airflow: str, db: str, mode: str) -> 
     cell = cell_name("kubernetes", {"airflow": airflow, "db": db, "mode": mode})
     module = "tests/unit/jobs/test_heartbeat_fix_adoption.py"
     run_pytest(session, airflow, cell, env, "-m", "not e2e", module, extra="kubernetes")
+
+
+#: The nested-session tests again, with create_session wrapped by a tracing wrapper installed after
+#: activation (as an instrumentation library would): every case must still pass, on SQLAlchemy 1.4 and 2.x.
+WRAPPED_CREATE_SESSION_CELLS = [("3.3.2", "postgres"), ("3.0.6", "sqlite")]
+NESTED_SESSION_TESTS = (
+    "tests/unit/jobs/test_heartbeat_fix_nested_sessions.py",
+    "tests/test_nested_sessions.py",
+    "tests/test_listener_delivery.py",
+)
+
+
+@nox.session(allow_parallel=True)
+@nox.parametrize(("airflow", "db"), WRAPPED_CREATE_SESSION_CELLS)
+def tests_wrapped_create_session(session: nox.Session, airflow: str, db: str) -> None:
+    """The nested-session tests (in-process) through a create_session wrapper installed after activation."""
+    cell = cell_name("wrapped", {"airflow": airflow, "db": db, "mode": "fixed"})
+    env: dict[str, str | None] = {
+        "AIRFLOW__HEARTBEAT_FIX__ENABLED": "True",
+        "HEARTBEAT_FIX_TEST_CREATE_SESSION": "wrapped",
+    }
+    if db == "postgres":
+        env["HEARTBEAT_FIX_TEST_DB_URL"] = postgres_database(session, cell, version=airflow)
+    run_pytest(
+        session, airflow, cell, env, "-m", "not e2e", "-k", "not TestRealScheduler", *NESTED_SESSION_TESTS
+    )
 
 
 @nox.session(allow_parallel=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import inspect
 import os
 import sys
 import threading
@@ -229,7 +230,11 @@ def _joined_write_noted() -> None:
 
 
 def _caller() -> str:
-    """The innermost plug-in frame (not Airflow's core, SQLAlchemy or this package); else Airflow's."""
+    """
+    The innermost plug-in frame that holds the ``with`` statement (not Airflow's core, SQLAlchemy, this
+    package, nor a context manager's generator such as a tracing wrapper of ``create_session``); else
+    the innermost of Airflow's.
+    """
     frame: FrameType | None = sys._getframe(1)
     innermost_airflow = None
     while frame is not None:
@@ -238,8 +243,9 @@ def _caller() -> str:
         core = module.startswith("airflow.") and not module.startswith("airflow.providers.")
         if core and innermost_airflow is None:
             innermost_airflow = where
-        elif not core and module.split(".", 1)[0] not in _NOT_THE_CALLER:
-            return where
+        elif not core and not frame.f_code.co_flags & inspect.CO_GENERATOR:
+            if module.split(".", 1)[0] not in _NOT_THE_CALLER:
+                return where
         frame = frame.f_back
     return innermost_airflow or "a nested session"
 

@@ -114,3 +114,24 @@ def local_settings_loaded(config_folder: Path) -> Iterator[Any]:
             if plugin not in before:
                 stack.callback(manager.unregister, plugin)
         yield sys.modules["airflow_local_settings"]
+
+
+def wrap_create_session() -> None:
+    """
+    Replace ``airflow.utils.session.create_session`` with a tracing wrapper that calls it, as an
+    instrumentation library does (for the rest of the process): what the ``wrapped-*`` cells install
+    right after activation, to run the nested-session tests through it.
+    """
+    import functools
+
+    from airflow.utils import session as session_module
+
+    airflows = session_module.create_session
+
+    @functools.wraps(airflows)
+    @contextlib.contextmanager
+    def traced_create_session(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        with airflows(*args, **kwargs) as session:
+            yield session
+
+    session_module.create_session = traced_create_session

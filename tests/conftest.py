@@ -47,6 +47,16 @@ def pytest_configure(config: pytest.Config) -> None:
     # (through the airflow.policy entry point) in `airflow scheduler`.
     import airflow.cli.commands.scheduler_command  # noqa: F401
 
+    if (
+        os.environ.get("HEARTBEAT_FIX_TEST_CREATE_SESSION") == "wrapped"
+    ):  # nox -s tests_wrapped_create_session
+        from airflow_heartbeat_fix.nested_sessions import create_session_reached
+        from testing.plugins import wrap_create_session
+
+        wrap_create_session()
+        if not create_session_reached():
+            raise pytest.UsageError("create_session, wrapped after activation, does not reach the fix")
+
 
 def _stock_xfail(expectations: Expectations, item: pytest.Item, version: str) -> pytest.MarkDecorator | None:
     bugs = expectations.bugs_caught(item.nodeid, version)

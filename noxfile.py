@@ -3,8 +3,8 @@ The project's test runner (nox). ``bash scripts/test.sh`` runs it from a pinned 
 ``bash scripts/nox.sh -l`` lists the sessions, ``bash scripts/nox.sh -s lint`` runs one.
 
 Sessions: ``tests(airflow, db, mode)`` (the matrix), ``tests_wrapped_create_session(airflow, db)`` (the
-nested-session tests through a tracing wrapper of ``create_session``), ``lint``, ``breeze_overrides``, ``e2e(airflow, db)``
-and ``e2e_celery(airflow, scenario)`` (the demo end to end, LocalExecutor and the Celery topology, one at
+nested-session tests through a tracing wrapper of ``create_session``), ``lint``, ``breeze_overrides``,
+``e2e(airflow, db)`` and ``e2e_celery(airflow, scenario)`` (the demo end to end, LocalExecutor and the Celery topology, one at
 a time after the matrix), ``parity`` (checks test-results/ against parity/expectations.toml), and, not
 run by default, ``demo``, ``bench`` and ``e2e_celery_all(airflow, scenario)``.
 

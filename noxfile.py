@@ -4,9 +4,10 @@ The project's test runner (nox). ``bash scripts/test.sh`` runs it from a pinned 
 
 Sessions: ``tests(airflow, db, mode)`` (the matrix), ``tests_wrapped_create_session(airflow, db)`` (the
 nested-session tests through a tracing wrapper of ``create_session``), ``lint``, ``breeze_overrides``,
-``e2e(airflow, db)`` and ``e2e_celery(airflow, scenario)`` (the demo end to end, LocalExecutor and the Celery topology, one at
-a time after the matrix), ``parity`` (checks test-results/ against parity/expectations.toml), and, not
-run by default, ``demo``, ``bench`` and ``e2e_celery_all(airflow, scenario)``.
+``e2e(airflow, db)`` and ``e2e_celery(airflow, scenario)`` (the demo end to end, LocalExecutor and the
+Celery topology, one at a time after the matrix), ``parity`` (checks test-results/ against
+parity/expectations.toml), and, not run by default, ``demo``, ``bench`` and ``e2e_celery_all(airflow,
+scenario)``.
 
 Every session runs in one environment per Airflow version, ``.venvs/airflow-<version>``, built with uv
 and shared by that version's cells: nox gives each session its own virtualenv, and 16 copies of Airflow

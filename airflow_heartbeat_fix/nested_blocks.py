@@ -243,9 +243,12 @@ def _caller() -> str:
         core = module.startswith("airflow.") and not module.startswith("airflow.providers.")
         if core and innermost_airflow is None:
             innermost_airflow = where
-        elif not core and not frame.f_code.co_flags & inspect.CO_GENERATOR:
-            if module.split(".", 1)[0] not in _NOT_THE_CALLER:
-                return where
+        elif (
+            not core
+            and not frame.f_code.co_flags & inspect.CO_GENERATOR
+            and module.split(".", 1)[0] not in _NOT_THE_CALLER
+        ):
+            return where
         frame = frame.f_back
     return innermost_airflow or "a nested session"
 

@@ -34,7 +34,8 @@ def traced_create_session(*args: Any, **kwargs: Any) -> Any:
 @contextlib.contextmanager
 def reimplemented_create_session(scoped: bool = True) -> Any:
     OPENED["reimplemented"] += 1
-    session = (settings.Session if scoped else settings.NonScopedSession)()
+    factory: Any = settings.Session if scoped else settings.NonScopedSession
+    session = factory()
     try:
         yield session
         session.commit()

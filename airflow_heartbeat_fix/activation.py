@@ -25,11 +25,13 @@ from airflow_heartbeat_fix.detection import (
     FIXES,
     NESTED_FIX,
     SINK_FIX,
-    AirflowFacts,
     FixDecision,
     FixState,
-    SessionCode,
     decide,
+)
+from airflow_heartbeat_fix.facts import (
+    AirflowFacts,
+    SessionCode,
     read_facts,
 )
 from airflow_heartbeat_fix.logs import fix_logger

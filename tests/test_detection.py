@@ -13,10 +13,12 @@ from airflow_heartbeat_fix.detection import (
     PURGE_FIX,
     SINK_FIX,
     UNRECOGNISED_CREATE_SESSION,
-    AirflowFacts,
     FixState,
-    adoption_keeps_orphans_attached,
     decide,
+)
+from airflow_heartbeat_fix.facts import (
+    AirflowFacts,
+    adoption_keeps_orphans_attached,
     executor_events_type_callbacks,
     listeners_before_next_try,
     metastore_expunges,

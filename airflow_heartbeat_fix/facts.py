@@ -1,0 +1,253 @@
+"""
+What the installed Airflow's code says about each bug, read off its (unpatched) classes and functions
+rather than its version string: :func:`read_facts` gathers them into :class:`AirflowFacts`, which
+:func:`~airflow_heartbeat_fix.detection.decide` maps to one decision per fix.
+
+Each reader takes the code it reads as an argument, so the readers are table-tested on small stand-ins
+(``tests/test_detection.py``) and checked on every installed release against ``parity/expectations.toml``.
+Only the standard library is imported at module level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_heartbeat_fix.detection import (
+    ADOPTION_FIX_HOOKS,
+    EVENT_TYPE_FIX_HOOKS,
+    NESTED_FIX_HOOKS,
+    PURGE_FIX_HOOKS,
+    SINK_FIX_HOOKS,
+)
+
+
+@dataclass(frozen=True)
+class AirflowFacts:
+    """What the installed Airflow's code says about the bugs; ``None`` means "not recognised"."""
+
+    version: str
+    sink_commits_caller_session: bool | None
+    purge_converges: bool | None
+    missing_hooks: tuple[str, ...] = ()
+    purge_locks_each_ti: bool | None = False
+    has_callback_sink: bool = True
+    executor_events_type_callbacks: bool | None = True
+    #: False where the Dag processor cannot run a task callback request at all: nothing here fixes that.
+    processor_runs_task_callbacks: bool = True
+    adoption_keeps_orphans_attached: bool | None = True
+    #: What a nested create_session() does to the loop's transaction here (None: not recognised).
+    nested_session_ends_transaction: bool | None = True
+    #: A create_session() called as provide_session calls it reaches the fix (False: something replaced
+    #: airflow.utils.session.create_session without calling Airflow's, so nested sessions go unrecognised).
+    create_session_recognised: bool = True
+    #: The metastore secrets backend expunge_all()-s the session it is given (up to 3.1).
+    metastore_expunges: bool = False
+    #: handle_failure notifies listeners before it archives the try (3.4): a listener's session crashes it.
+    listeners_before_next_try: bool = False
+
+
+def _names_used(func: Any) -> frozenset[str] | None:
+    code = getattr(func, "__code__", None)
+    return frozenset(code.co_names) if code is not None else None
+
+
+def _is_provide_session_wrapper(func: Any) -> bool:
+    """True if ``func`` is ``provide_session``'s wrapper: it commits and closes the session it creates."""
+    from airflow.utils.session import provide_session
+
+    def _probe(session: Any = None) -> None: ...
+
+    probe_code = provide_session(_probe).__code__
+    return getattr(func, "__code__", None) is probe_code and hasattr(func, "__wrapped__")
+
+
+def sink_commits_caller_session(sink_cls: type) -> bool | None:
+    """
+    Whether ``DatabaseCallbackSink.send``, called without a session, commits the thread's scoped session.
+
+    The stock sink is ``@provide_session``; executors call it without a session, so ``create_session()``
+    hands it the scheduler's own scoped session and commits and closes it. A sink whose ``send`` takes
+    the caller's session and is not wrapped does not. Anything else is not recognised.
+    """
+    send = sink_cls.__dict__.get("send")
+    if send is None:
+        return None
+    if _is_provide_session_wrapper(send):
+        inner = send.__wrapped__
+        return True if "session" in inner.__code__.co_varnames else None
+    code = getattr(send, "__code__", None)
+    if code is not None and "session" in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
+        return False
+    return None
+
+
+def purge_converges(runner_cls: type) -> bool | None:
+    """
+    Whether the heartbeat-timeout purge moves the task instance out of RUNNING in the same pass.
+
+    Upstream's converged purge calls ``handle_failure`` and its scan uses ``with_row_locks``; the
+    unconverged one only sends a ``TaskCallbackRequest`` (``send_callback``).
+    """
+    purge = _names_used(getattr(runner_cls, "_purge_task_instances_without_heartbeats", None))
+    find = _names_used(getattr(runner_cls, "_find_task_instances_without_heartbeats", None))
+    if purge is None or find is None or "send_callback" not in purge:
+        return None
+    if "handle_failure" in purge:
+        return "with_row_locks" in find or None
+    return False
+
+
+def _keyword_names(code: Any) -> frozenset[str]:
+    """Keyword-argument names passed in ``code`` (CPython keeps them as tuples of strings in co_consts)."""
+    tuples = (const for const in code.co_consts if isinstance(const, tuple))
+    return frozenset(name for names in tuples for name in names if isinstance(name, str))
+
+
+def purge_locks_each_ti(runner_cls: type) -> bool | None:
+    """
+    Whether the purge re-reads each task instance under a row lock right before failing it.
+
+    ``handle_failure`` commits per task instance, which releases the scan's locks on the rest of the
+    batch; only a purge that locks again (``with_row_locks``/``with_for_update``, or
+    ``refresh_from_db(lock_for_update=...)``) keeps a worker's SUCCESS from being overwritten.
+    """
+    purge = getattr(runner_cls, "_purge_task_instances_without_heartbeats", None)
+    code = getattr(purge, "__code__", None)
+    if code is None or "send_callback" not in code.co_names:
+        return None
+    names = set(code.co_names) | _keyword_names(code)
+    return bool(names & {"with_row_locks", "with_for_update", "lock_for_update"})
+
+
+def executor_events_type_callbacks(runner_cls: type) -> bool | None:
+    """
+    Whether ``process_executor_events`` types the ``TaskCallbackRequest`` it sends for a killed worker.
+
+    From 3.1.1 (apache/airflow#56607) it passes ``task_callback_type=`` by retry eligibility; before,
+    the request is untyped and the Dag processor runs it as ``on_failure_callback``.
+    """
+    code = getattr(getattr(runner_cls, "process_executor_events", None), "__code__", None)
+    if code is None or "TaskCallbackRequest" not in code.co_names:
+        return None
+    return "task_callback_type" in _keyword_names(code)
+
+
+#: Session reads that, after the executors' adoption, would load the orphans again (upstream's proposal).
+_REREADS = frozenset({"scalars", "scalar", "execute", "merge", "get", "refresh", "refresh_from_db"})
+
+
+def adoption_keeps_orphans_attached(runner_cls: type) -> bool | None:
+    """
+    Whether ``adopt_or_reset_orphaned_tasks`` re-reads the orphans through its session after the
+    executors' ``try_adopt_task_instances``, so what an executor does with the session cannot detach them.
+
+    Every release up to 3.4.0b2 selects the orphans (``load_only``) and then only writes to the
+    instances it handed the executors (apache/airflow#71272); #71348 proposes re-selecting them by id.
+    """
+    import dis
+
+    adopt = getattr(runner_cls, "adopt_or_reset_orphaned_tasks", None)
+    code = getattr(getattr(adopt, "__wrapped__", adopt), "__code__", None)
+    if code is None or "try_adopt_task_instances" not in code.co_names:
+        return None
+    names = [ins.argval for ins in dis.get_instructions(code) if isinstance(ins.argval, str)]
+    after = names[names.index("try_adopt_task_instances") + 1 :]
+    return bool(_REREADS.intersection(after))
+
+
+def nested_session_ends_transaction(generator: Any) -> bool | None:
+    """
+    Whether ``create_session()`` entered inside another one in the same thread ends that one's transaction.
+
+    ``generator``: Airflow's ``create_session`` generator (``None`` where it was not found). Every release's
+    takes ``settings.Session()`` (the thread's scoped session) and commits, rolls back and closes it
+    unconditionally. One that begins a SAVEPOINT joins an enclosing transaction instead; any other shape
+    is not recognised.
+    """
+    import inspect
+
+    if not inspect.isgeneratorfunction(generator):
+        return None
+    names = frozenset(generator.__code__.co_names)
+    if "begin_nested" in names:
+        return False
+    return True if {"commit", "rollback", "close"} <= names else None
+
+
+def metastore_expunges(backend_cls: type | None) -> bool:
+    """Whether the metastore secrets backend's lookups ``expunge_all()`` their session (3.0, 3.1)."""
+    lookups = (getattr(backend_cls, name, None) for name in ("get_connection", "get_variable"))
+    codes = (_names_used(getattr(lookup, "__wrapped__", lookup)) for lookup in lookups)
+    return any(names is not None and "expunge_all" in names for names in codes)
+
+
+def listeners_before_next_try(task_instance_cls: type | None) -> bool:
+    """
+    Whether a failing try's listeners run before ``prepare_db_for_next_try`` archives it (3.4), so that a
+    listener's session, closing the scheduler's, leaves nothing for the archive to write.
+    """
+    import dis
+
+    code = getattr(getattr(task_instance_cls, "fetch_handle_failure_context", None), "__code__", None)
+    if code is None:
+        return False
+    names = [ins.argval for ins in dis.get_instructions(code) if isinstance(ins.argval, str)]
+    notified = [at for at, name in enumerate(names) if name in ("notify_failure", "get_listener_manager")]
+    archived = [at for at, name in enumerate(names) if name == "prepare_db_for_next_try"]
+    return bool(notified and archived and notified[0] < archived[0])
+
+
+def processor_runs_task_callbacks(execute_callbacks: Any) -> bool:
+    """
+    Whether the Dag processor's ``_execute_callbacks`` runs task callbacks (3.0.0 to 3.0.3 raise instead).
+
+    Only a clear "no" counts: a shape without ``NotImplementedError`` is taken to run them.
+    """
+    names = _names_used(execute_callbacks)
+    return names is None or "NotImplementedError" not in names or "_execute_task_callbacks" in names
+
+
+@dataclass(frozen=True)
+class SessionCode:
+    """Airflow's session handling and what runs nested in the loop's session, as detection reads them."""
+
+    #: Airflow's ``create_session`` generator (``None``: not found behind ``airflow.utils.session``'s).
+    create_session: Any
+    metastore_cls: type | None = None
+    task_instance_cls: type | None = None
+    #: Whether ``create_session()`` as ``provide_session`` calls it reaches the fix (a probe's answer).
+    create_session_recognised: bool = True
+
+
+def read_facts(
+    *,
+    version: str,
+    sink_cls: type | None,
+    runner_cls: type,
+    session_code: SessionCode,
+    execute_callbacks: Any = None,
+) -> AirflowFacts:
+    """
+    Inspect Airflow's own (unpatched) sink and scheduler classes; ``sink_cls`` None: no such sink.
+
+    ``execute_callbacks``: the Dag processor's ``_execute_callbacks``, where it has one.
+    """
+    if sink_cls is None:
+        return AirflowFacts(version, None, None, has_callback_sink=False)
+    hooks = (*SINK_FIX_HOOKS, *PURGE_FIX_HOOKS, *EVENT_TYPE_FIX_HOOKS, *ADOPTION_FIX_HOOKS, *NESTED_FIX_HOOKS)
+    missing = tuple(dict.fromkeys(hook for hook in hooks if not hasattr(runner_cls, hook)))
+    return AirflowFacts(
+        version=version,
+        sink_commits_caller_session=sink_commits_caller_session(sink_cls),
+        purge_converges=purge_converges(runner_cls),
+        missing_hooks=missing,
+        purge_locks_each_ti=purge_locks_each_ti(runner_cls),
+        executor_events_type_callbacks=executor_events_type_callbacks(runner_cls),
+        processor_runs_task_callbacks=processor_runs_task_callbacks(execute_callbacks),
+        adoption_keeps_orphans_attached=adoption_keeps_orphans_attached(runner_cls),
+        nested_session_ends_transaction=nested_session_ends_transaction(session_code.create_session),
+        create_session_recognised=session_code.create_session_recognised,
+        metastore_expunges=metastore_expunges(session_code.metastore_cls),
+        listeners_before_next_try=listeners_before_next_try(session_code.task_instance_cls),
+    )

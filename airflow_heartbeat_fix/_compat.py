@@ -32,7 +32,8 @@ except ImportError:
         EmailRequest = None
 
 if TYPE_CHECKING:
-    from types import CellType
+    from collections.abc import Callable
+    from types import CellType, ModuleType
 
     from airflow.callbacks.callback_requests import EmailRequest as EmailRequestType
     from airflow.executors.base_executor import BaseExecutor
@@ -44,15 +45,22 @@ if TYPE_CHECKING:
 __all__ = [
     "EmailRequest",
     "Stats",
+    "airflow_cli_main",
+    "airflow_console",
     "create_session_cell",
     "dag_for_run",
     "dag_processor_execute_callbacks",
+    "database_callback_sink_module",
     "dbapi_connection",
     "default_executor",
+    "ensure_plugins_loaded",
     "listener_manager_class",
+    "metastore_backend_class",
+    "scheduler_command_module",
     "scheduler_executors",
     "scoped_session",
     "scoped_session_in_transaction",
+    "sqlalchemy_utils_module",
     "transaction_connection",
     "with_row_locks",
 ]
@@ -174,3 +182,57 @@ def dag_processor_execute_callbacks() -> Any:
     from airflow.dag_processing import processor
 
     return getattr(processor, "_execute_callbacks", None)
+
+
+def scheduler_command_module() -> ModuleType:
+    """The ``airflow scheduler`` command's module: its ``SchedulerJobRunner`` is the runner it starts."""
+    from airflow.cli.commands import scheduler_command
+
+    return scheduler_command
+
+
+def database_callback_sink_module() -> ModuleType | None:
+    """Where ``DatabaseCallbackSink`` lives (every release to 3.4); ``None`` for an Airflow without it."""
+    import importlib
+
+    try:
+        return importlib.import_module("airflow.callbacks.database_callback_sink")
+    except ImportError:
+        return None
+
+
+def metastore_backend_class() -> type | None:
+    """The metastore secrets backend, whose Variable and Connection lookups run nested in the loop."""
+    try:
+        from airflow.secrets.metastore import MetastoreBackend
+    except ImportError:
+        return None
+    return MetastoreBackend
+
+
+def sqlalchemy_utils_module() -> ModuleType:
+    """``airflow.utils.sqlalchemy``, where ``prohibit_commit`` looks up its guard class by name."""
+    from airflow.utils import sqlalchemy as airflow_sqlalchemy
+
+    return airflow_sqlalchemy
+
+
+def ensure_plugins_loaded() -> None:
+    """Load Airflow's plugins as a starting scheduler does (every release has this function)."""
+    from airflow import plugins_manager
+
+    plugins_manager.ensure_plugins_loaded()
+
+
+def airflow_console() -> Any:
+    """Airflow's own CLI console (``-o table/json/yaml/plain``), as its commands print."""
+    from airflow.cli.simple_table import AirflowConsole
+
+    return AirflowConsole()
+
+
+def airflow_cli_main() -> Callable[[], Any]:
+    """The ``airflow`` command's entry point."""
+    from airflow.__main__ import main
+
+    return main

@@ -97,23 +97,24 @@ def _originals() -> dict[str, Any]:
     """Airflow's own classes, captured before anything here replaces them."""
     from airflow.jobs import scheduler_job_runner
 
-    try:
-        from airflow.callbacks.database_callback_sink import DatabaseCallbackSink
-    except ImportError:  # a future Airflow without it: the fixes are not applicable (decide() says so)
-        sink = None
-    else:
-        sink = DatabaseCallbackSink
+    from airflow_heartbeat_fix._compat import database_callback_sink_module
+
+    # A future Airflow without the sink: the fixes are not applicable (decide() says so).
+    sink_module = database_callback_sink_module()
+    sink = sink_module.DatabaseCallbackSink if sink_module is not None else None
     return {"sink": sink, "runner": scheduler_job_runner.SchedulerJobRunner}
 
 
 def _session_code() -> SessionCode:
     """What detection reads about Airflow's sessions and the code that runs nested in the loop's."""
     from airflow.models.taskinstance import TaskInstance
-    from airflow.secrets.metastore import MetastoreBackend
 
+    from airflow_heartbeat_fix._compat import metastore_backend_class
     from airflow_heartbeat_fix.nested_sessions import airflows_create_session, create_session_reached
 
-    return SessionCode(airflows_create_session(), MetastoreBackend, TaskInstance, create_session_reached())
+    return SessionCode(
+        airflows_create_session(), metastore_backend_class(), TaskInstance, create_session_reached()
+    )
 
 
 def facts() -> AirflowFacts:
@@ -183,7 +184,6 @@ def _failed(decided: dict[str, FixDecision], exc: BaseException) -> dict[str, Fi
 @dataclass
 class _Installed:
     decided: dict[str, FixDecision] = field(default_factory=dict)
-    runner: type | None = None
     patched: list[tuple[object, str, Any]] = field(default_factory=list)
 
 
@@ -239,13 +239,11 @@ def install(*, raise_errors: bool = False) -> dict[str, FixDecision]:
 
 
 def _apply(active: tuple[str, ...], state: _Installed) -> None:
-    from airflow.callbacks import database_callback_sink
-    from airflow.cli.commands import scheduler_command
-
+    from airflow_heartbeat_fix._compat import database_callback_sink_module, scheduler_command_module
     from airflow_heartbeat_fix.scheduler import build_runner_class
 
-    state.runner = build_runner_class(active, base=_originals()["runner"])
-    _patch(scheduler_command, "SchedulerJobRunner", state.runner, state)
+    runner = build_runner_class(active, base=_originals()["runner"])
+    _patch(scheduler_command_module(), "SchedulerJobRunner", runner, state)
     if NESTED_FIX in active:
         from airflow_heartbeat_fix import listener_delivery, nested_sessions
 
@@ -254,7 +252,7 @@ def _apply(active: tuple[str, ...], state: _Installed) -> None:
     if SINK_FIX in active:
         from airflow_heartbeat_fix.callback_sink import SessionPreservingCallbackSink
 
-        _patch(database_callback_sink, "DatabaseCallbackSink", SessionPreservingCallbackSink, state)
+        _patch(database_callback_sink_module(), "DatabaseCallbackSink", SessionPreservingCallbackSink, state)
 
 
 def uninstall() -> None:
@@ -287,17 +285,12 @@ def dry_run() -> dict[str, FixDecision]:
 
 
 def _load_plugins() -> None:
-    from airflow import plugins_manager
+    from airflow_heartbeat_fix._compat import ensure_plugins_loaded
 
     try:
-        plugins_manager.ensure_plugins_loaded()
+        ensure_plugins_loaded()
     except Exception:  # the scheduler would meet the same error; status reports what it can
         fix_logger().debug("loading the plugins failed", exc_info=True)
-
-
-def installed_runner() -> type | None:
-    """The fixed runner class in use, or ``None`` when nothing is patched."""
-    return _installed.runner if _installed is not None else None
 
 
 def describe(decided: dict[str, FixDecision]) -> list[dict[str, str]]:

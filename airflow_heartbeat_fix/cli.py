@@ -111,9 +111,9 @@ def _status_rows(document: dict[str, Any], output: str) -> list[dict[str, str]]:
 
 
 def _print_status(document: dict[str, Any], output: str) -> None:
-    from airflow.cli.simple_table import AirflowConsole
+    from airflow_heartbeat_fix._compat import airflow_console
 
-    console = AirflowConsole()
+    console = airflow_console()
     if output == "json":
         console.print_as_json(document)
     elif output == "yaml":
@@ -215,8 +215,9 @@ def _scheduler(args: list[str]) -> int:
             fixes = ", ".join(d.fix for d in missing)
             _say(f"refusing to start the scheduler without {fixes}: {reasons}")
             return EXIT_NOT_APPLIED
-    from airflow.__main__ import main as airflow_main
+    from airflow_heartbeat_fix._compat import airflow_cli_main
 
+    airflow_main = airflow_cli_main()
     sys.argv = ["airflow", "scheduler", *args]
     airflow_main()
     return EXIT_OK

@@ -50,10 +50,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow import settings
 from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
-from airflow.utils import sqlalchemy as airflow_sqlalchemy
 from sqlalchemy.orm import Session as SASession
 
-from airflow_heartbeat_fix._compat import create_session_cell
+from airflow_heartbeat_fix._compat import create_session_cell, sqlalchemy_utils_module
 from airflow_heartbeat_fix.detection import NESTED_FIX_HOOKS
 from airflow_heartbeat_fix.logs import fix_logger
 from airflow_heartbeat_fix.nested_blocks import OWN_COMMIT, loop_thread, nested_block
@@ -197,11 +196,11 @@ def patches() -> list[tuple[Any, str, Any]]:
         _airflows_create_session = cell.cell_contents
     return [
         (cell, "cell_contents", create_session_in_loop),
-        (airflow_sqlalchemy, "CommitProhibitorGuard", LoopCommitGuard),
+        (sqlalchemy_utils_module(), "CommitProhibitorGuard", LoopCommitGuard),
     ]
 
 
-class LoopCommitGuard(airflow_sqlalchemy.CommitProhibitorGuard):
+class LoopCommitGuard(sqlalchemy_utils_module().CommitProhibitorGuard):  # type: ignore[misc]
     """
     ``prohibit_commit``'s guard, letting through what breaks no lock: a SAVEPOINT's release (SQLAlchemy
     fires ``before_commit`` for it too; 3.4's guard already lets it through) and a nested block's own commit

@@ -13,7 +13,9 @@ if TYPE_CHECKING:
 
 def backend(url: str) -> str:
     """``sqlite``, ``postgres`` or ``mysql``: the backend a SQLAlchemy URL names, as upstream spells it."""
-    scheme = url.split(":", 1)[0].split("+", 1)[0]
+    from airflow_heartbeat_fix.demo.topology import db_label
+
+    scheme = db_label(url)
     return {"postgresql": "postgres"}.get(scheme, scheme)
 
 

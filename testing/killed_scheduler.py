@@ -7,49 +7,38 @@ the schedulers are processes of their own, each in its own process group, with t
 from __future__ import annotations
 
 import itertools
-import os
-import re
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, text, update
 
-from airflow_heartbeat_fix.demo.processes import Component
-from airflow_heartbeat_fix.detection import SCHEDULER_LOOP_CRASH
 from testing.database import own_connection
-from testing.environment import command_env
 from testing.purge_race import SETTLE_TIMEOUT
+from testing.real_scheduler import (
+    POLL,
+    PURGE_EVERY,
+    PURGE_TIMEOUT,
+    RESTART_CONFIG,
+    RESTART_TIMEOUT,
+    check_activation,
+    loop_crash,
+    scheduler_job,
+    start_scheduler,
+)
 from testing.scheduler import STALE_FOR, make_stale_for_job, task_callback_requests
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from sqlalchemy.orm import Session
+
+    from airflow_heartbeat_fix.demo.processes import Component
 
 #: The try :func:`make_stale` leaves running: the one the killed scheduler was purging.
 KILLED_TRY = 1
-#: Every scheduler here scans for timed-out tries every second (the hung tries are an hour stale).
-PURGE_EVERY = 1
-#: The restarted scheduler looks for the killed one's orphans every second. A scheduler is dead 20 s
-#: after its last heartbeat: well past the restarted one's own silence while it resets ~100 orphans in
-#: one transaction on a loaded machine (past that it would mark its own job failed once, which changes
-#: nothing here: it holds no task instances). The killed one's heartbeat is moved back past that
-#: (:func:`_heartbeat_long_ago`), as the 20 s would, so the restart need not wait them out.
-RESTART_CONFIG = {
-    "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "20",
-    "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "1",
-    "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
-}
-#: Bounds for real processes on a busy machine: reaching one ends the run, it never hangs. Together
-#: (with SETTLE_TIMEOUT) under 400 s: a test running this gives pytest-timeout more than that, so the
-#: harness, not pytest, ends a stuck run and stops the schedulers.
-START_TIMEOUT = 90.0
-PURGE_TIMEOUT = 60.0
-RESTART_TIMEOUT = 120.0
-POLL = 0.01
 
 
 @dataclass(frozen=True)
@@ -174,83 +163,6 @@ def kill_scheduler_mid_purge(
         after_restart=after_restart,
         timeline=timeline,
     )
-
-
-def scheduler_env(
-    base: dict[str, str], *, home: Path, database_url: str, fix_enabled: bool
-) -> dict[str, str]:
-    """
-    A scheduler's environment here: Airflow on this database in ``home``, the switch as asked, a scan
-    every :data:`PURGE_EVERY` seconds for tries silent for half of :data:`STALE_FOR`, output unbuffered
-    (the log is read while the scheduler runs).
-    """
-    return command_env(
-        base,
-        str(home),
-        database_url,
-        AIRFLOW__CORE__PARALLELISM="8",
-        AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT=str(int(STALE_FOR.total_seconds() / 2)),
-        AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL=str(PURGE_EVERY),
-        AIRFLOW__HEARTBEAT_FIX__ENABLED=str(fix_enabled),
-        PYTHONUNBUFFERED="1",
-        TMPDIR=str(home / "tmp"),
-    )
-
-
-def start_scheduler(name: str, home: Path, *, fix_enabled: bool, **config: str) -> Component:
-    """``airflow scheduler`` in ``home``, in a process group of its own, without this process's config."""
-    from airflow import settings
-
-    if settings.engine is None:
-        raise RuntimeError("Airflow's metadata database is not configured in this process")
-    for sub in ("dags", "tmp"):
-        (home / sub).mkdir(parents=True, exist_ok=True)
-    database_url = settings.engine.url.render_as_string(hide_password=False)
-    env = scheduler_env(dict(os.environ), home=home, database_url=database_url, fix_enabled=fix_enabled)
-    argv = [str(Path(sys.executable).with_name("airflow")), "scheduler", "--skip-serve-logs"]
-    return Component.start(name, argv, {**env, **config}, home / f"{name}.log", cwd=home)
-
-
-def scheduler_job(scheduler: Component, *, known: set[int]) -> int:
-    """The id of the job ``scheduler`` registers (the first SchedulerJob not in ``known``)."""
-    from airflow.jobs.job import Job
-    from airflow.utils.session import create_session
-
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        with create_session(scoped=False) as reader:
-            found = reader.scalars(
-                select(Job.id).where(Job.job_type == "SchedulerJob", Job.id.not_in(known or {-1}))
-            ).first()
-        if found is not None:
-            return int(found)
-        if scheduler.popen.poll() is not None:
-            raise RuntimeError(f"{scheduler.name} exited before registering its job:\n{scheduler.tail()}")
-        time.sleep(0.2)
-    raise TimeoutError(f"{scheduler.name} registered no job in {START_TIMEOUT:.0f}s:\n{scheduler.tail()}")
-
-
-def check_activation(scheduler: Component, fix_enabled: bool) -> None:
-    """The scheduler logged the start line this Airflow gives with the switch as asked (before its job)."""
-    from airflow_heartbeat_fix import activation
-
-    facts = activation.facts()
-    decided = activation.decide(facts, enabled=fix_enabled)
-    expected = activation.summary(decided, facts.version, switched_off=not fix_enabled)
-    if expected not in scheduler.read_log():
-        raise RuntimeError(f"{scheduler.name} did not log {expected!r}:\n{scheduler.tail()}")
-
-
-_ERROR_LINE = re.compile(r"^\s*[A-Za-z_][\w.]*(Error|Exception|Violation)\b.*$", re.MULTILINE)
-
-
-def loop_crash(log_text: str) -> str | None:
-    """The error that ended the scheduler loop (the first error line after its crash line), or None."""
-    at = log_text.find(SCHEDULER_LOOP_CRASH)
-    if at < 0:
-        return None
-    error = _ERROR_LINE.search(log_text, at + len(SCHEDULER_LOOP_CRASH))
-    return error.group(0).strip() if error else SCHEDULER_LOOP_CRASH
 
 
 def _kill_mid_purge(scheduler: Component, kill_at: int, batch: int) -> str | None:

@@ -18,7 +18,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from testing.environment import airflow_home, configure_airflow
 
@@ -171,3 +171,18 @@ def scheduler_rows_cleared() -> Iterator[None]:
     yield
     clear_db_jobs()
     clear_db_logs()
+
+
+@pytest.fixture
+def loop() -> Iterator[Any]:
+    """
+    The scheduler loop's session, as a loop path holds it (the path's own ``create_session()``): what a
+    ``create_session()`` entered in the block is nested in. Rolled back at the end.
+    """
+    from airflow.utils.session import create_session
+
+    from airflow_heartbeat_fix.nested_sessions import held_loop_session
+
+    with held_loop_session(), create_session() as session:
+        yield session
+        session.rollback()

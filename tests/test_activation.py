@@ -506,12 +506,13 @@ def test_deployment_local_settings_apply_next_to_the_fixes(tmp_path: Path) -> No
 #: demo's modules that were loaded (the fix never needs the demo: it is 59% of the wheel, psutil included).
 ACTIVATE_THEN_LIST_DEMO_MODULES = """
 import contextlib, io, json, sys
-import airflow.cli.commands.scheduler_command  # the import hook activates the fixes here
-from airflow_heartbeat_fix import activation, cli
+import airflow.cli.commands.scheduler_command as command  # the import hook activates the fixes here
+from airflow_heartbeat_fix import cli
 with contextlib.redirect_stdout(io.StringIO()):
     cli.main(["status", "-o", "json"])
 demo = sorted(name for name in sys.modules if name.startswith("airflow_heartbeat_fix.demo"))
-print(json.dumps({"activated": activation.installed_runner() is not None, "demo": demo}))
+fixes = getattr(command.SchedulerJobRunner, "heartbeat_fixes", ())
+print(json.dumps({"activated": bool(fixes), "demo": demo}))
 """
 
 

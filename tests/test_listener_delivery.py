@@ -19,7 +19,6 @@ from airflow.utils.session import create_session
 from airflow.utils.state import DagRunState
 from sqlalchemy import delete, select
 
-from airflow_heartbeat_fix.nested_sessions import held_loop_session
 from tests.unit.jobs.test_scheduler_job import _clean_db, _empty_operator
 
 if TYPE_CHECKING:
@@ -73,14 +72,6 @@ def dag_run(dag_maker: Any) -> Iterator[Any]:
         _empty_operator("work")
     yield dag_maker.create_dagrun(run_id="delivery", state=DagRunState.RUNNING)
     _clean_db()
-
-
-@pytest.fixture
-def loop() -> Iterator[Session]:
-    """The loop's session, as a loop path holds it: the path's own ``create_session()``."""
-    with held_loop_session(), create_session() as session:
-        yield session
-        session.rollback()
 
 
 def _announce(dag_run: Any, msg: str) -> Any:

@@ -31,7 +31,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, object_session
 
 from airflow_heartbeat_fix import nested_blocks
-from airflow_heartbeat_fix.nested_sessions import create_session_reached, held_loop_session
+from airflow_heartbeat_fix.nested_sessions import create_session_reached
 from tests.unit.jobs.test_scheduler_job import _clean_db, _empty_operator
 
 if TYPE_CHECKING:
@@ -59,14 +59,6 @@ def no_rows_before_or_after() -> Iterator[None]:
     clear()
     yield
     clear()
-
-
-@pytest.fixture
-def loop() -> Iterator[Session]:
-    """The loop's session, as a loop path holds it: the path's own ``create_session()``."""
-    with held_loop_session(), create_session() as session:
-        yield session
-        session.rollback()
 
 
 def _writes_and_flushes(session: Session, extra: str) -> Log:

@@ -39,7 +39,7 @@ from airflow.utils.session import create_session
 from airflow.utils.state import DagRunState, TaskInstanceState
 from sqlalchemy import delete, select, update
 
-from testing import killed_scheduler as harness
+from testing import real_scheduler as harness
 from testing.plugins import (
     ACKNOWLEDGING_LISTENER,
     LISTENER_PLUGIN,
@@ -148,27 +148,29 @@ def stored_connection() -> Iterator[Callable[..., None]]:
         cleaner.execute(delete(Connection).where(Connection.conn_id.in_(conn_ids)))
 
 
+def _deployed(tmp_path: Path, plugin_file: Path) -> Any:
+    """``plugin_file`` deployed in a plugins folder and loaded by Airflow's plugin manager, for the block."""
+    return plugins_loaded(install_plugin_folder(tmp_path / "plugins", plugin_file))
+
+
 @pytest.fixture
 def audit_listener(tmp_path: Path) -> Iterator[Any]:
-    """The audit listener plugin, deployed in a plugins folder and loaded by Airflow's plugin manager."""
-    folder = install_plugin_folder(tmp_path / "plugins", LISTENER_PLUGIN)
-    with plugins_loaded(folder) as listener_manager:
+    """The audit listener plugin (audit rows through its own create_session(), a Variable read)."""
+    with _deployed(tmp_path, LISTENER_PLUGIN) as listener_manager:
         yield listener_manager
 
 
 @pytest.fixture
 def acknowledging_listener(tmp_path: Path) -> Iterator[Any]:
-    """The send-and-acknowledge alerting listener, deployed in a plugins folder."""
-    folder = install_plugin_folder(tmp_path / "plugins", ACKNOWLEDGING_LISTENER)
-    with plugins_loaded(folder) as listener_manager:
+    """The send-and-acknowledge alerting listener."""
+    with _deployed(tmp_path, ACKNOWLEDGING_LISTENER) as listener_manager:
         yield listener_manager
 
 
 @pytest.fixture
 def pair_listener(tmp_path: Path) -> Iterator[Any]:
-    """The listener that writes its own Dag's row, then the paired Dag's, deployed in a plugins folder."""
-    folder = install_plugin_folder(tmp_path / "plugins", PAIR_LISTENER)
-    with plugins_loaded(folder) as listener_manager:
+    """The listener that writes its own Dag's row, then the paired Dag's."""
+    with _deployed(tmp_path, PAIR_LISTENER) as listener_manager:
         yield listener_manager
     with create_session(scoped=False) as cleaner:
         cleaner.execute(delete(Variable).where(Variable.key.in_([f"{dag_id}_row" for dag_id in PAIR])))

@@ -16,6 +16,7 @@ would cost minutes. Results: ``test-results/<cell>.xml`` (junit) and ``test-resu
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import itertools
@@ -224,6 +225,26 @@ def redis(session: nox.Session) -> str:
 WRITE_BYTECODE: dict[str, str | None] = {"PYTHONDONTWRITEBYTECODE": None}
 
 
+def isolated_airflow_env(home: Path, **extra: str | None) -> dict[str, str | None]:
+    """An Airflow command's environment in ``home``: none of this process's configuration or database."""
+    return {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW_CONFIG": None,
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": None,
+        **extra,
+    }
+
+
+def run_into(
+    session: nox.Session, *argv: str, stdout: Path, stderr: Path | None = None, **kwargs: Any
+) -> Any:
+    """``argv`` with its output in files (``stderr``: apart; otherwise with stdout, as nox runs it)."""
+    with contextlib.ExitStack() as files:
+        if stderr is not None:
+            kwargs["stderr"] = files.enter_context(stderr.open("w"))
+        return session.run(*argv, stdout=files.enter_context(stdout.open("w")), external=True, **kwargs)
+
+
 def run_pytest(
     session: nox.Session,
     version: str,
@@ -237,27 +258,24 @@ def run_pytest(
     home = RESULTS / "cells" / cell
     shutil.rmtree(home, ignore_errors=True)
     (home / "airflow").mkdir(parents=True)
-    env = {
-        "AIRFLOW_HOME": str(home / "airflow"),
-        "HEARTBEAT_FIX_TEST_DB_URL": f"sqlite:///{home}/airflow.db",
-        "HEARTBEAT_FIX_CELL": cell,
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": None,
-        "AIRFLOW_CONFIG": None,
+    env = isolated_airflow_env(
+        home / "airflow",
+        HEARTBEAT_FIX_TEST_DB_URL=f"sqlite:///{home}/airflow.db",
+        HEARTBEAT_FIX_CELL=cell,
         **WRITE_BYTECODE,
         **env,
-    }
+    )
     log = RESULTS / f"{cell}.log"
     session.log(f"{cell}: output in {log.relative_to(ROOT)}")
     try:
-        with log.open("w") as out:
-            session.run(
-                *("timeout", "--kill-after=30", str(CELL_TIMEOUT), str(bin_dir / "python"), "-m", "pytest"),
-                *("-q", f"--junitxml={RESULTS / cell}.xml", *args),
-                *session.posargs,
-                env=env,
-                stdout=out,
-                external=True,
-            )
+        run_into(
+            session,
+            *("timeout", "--kill-after=30", str(CELL_TIMEOUT), str(bin_dir / "python"), "-m", "pytest"),
+            *("-q", f"--junitxml={RESULTS / cell}.xml", *args),
+            *session.posargs,
+            env=env,
+            stdout=log,
+        )
     except CommandFailed:
         session.warn(f"the end of {log.relative_to(ROOT)}:\n" + "".join(log.open().readlines()[-40:]))
         raise
@@ -381,23 +399,15 @@ def record_status(session: nox.Session, version: str, bin_dir: Path) -> None:
     """``status -o json`` in the environment of a release or dependency set: status-<version>.json."""
     home = RESULTS / "cells" / f"install-{version}"
     home.mkdir(parents=True, exist_ok=True)
-    # stdout only: nox sends stderr to stdout by default, and Airflow 3.1/3.2 log to stderr here.
-    with (RESULTS / f"status-{version}.json").open("w") as out, (home / "status.stderr").open("w") as err:
-        session.run(
-            str(bin_dir / "airflow-heartbeat-fix"),
-            *("status", "-o", "json"),
-            env={
-                "AIRFLOW_HOME": str(home),
-                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": None,
-                "AIRFLOW_CONFIG": None,
-                # What an installation with the default switch reports: parity checks it against [bugs].
-                "AIRFLOW__HEARTBEAT_FIX__ENABLED": None,
-                **WRITE_BYTECODE,
-            },
-            stdout=out,
-            stderr=err,
-            external=True,
-        )
+    # stdout only: nox sends stderr to stdout by default, and Airflow 3.1/3.2 log to stderr here. The
+    # default switch: what an installation reports (parity checks it against [bugs]).
+    run_into(
+        session,
+        *(str(bin_dir / "airflow-heartbeat-fix"), "status", "-o", "json"),
+        env=isolated_airflow_env(home, AIRFLOW__HEARTBEAT_FIX__ENABLED=None, **WRITE_BYTECODE),
+        stdout=RESULTS / f"status-{version}.json",
+        stderr=home / "status.stderr",
+    )
     session.log(f"Airflow {version}: status recorded")
 
 
@@ -498,15 +508,13 @@ def bench_smoke(session: nox.Session, airflow: str) -> None:
     bin_dir = airflow_venv(session, airflow)
     home = RESULTS / "cells" / f"bench-{airflow}"
     home.mkdir(parents=True, exist_ok=True)
-    env = {"AIRFLOW_HOME": str(home), "AIRFLOW_CONFIG": None, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": None}
-    with (RESULTS / f"bench-{airflow}.log").open("w") as out:
-        session.run(
-            *(str(bin_dir / "python"), "-m", "benchmarks.purge_cost", "--smoke", "--db", "sqlite"),
-            *("--db-url", f"sqlite:///{home}/bench.db"),
-            env=env,
-            stdout=out,
-            external=True,
-        )
+    run_into(
+        session,
+        *(str(bin_dir / "python"), "-m", "benchmarks.purge_cost", "--smoke", "--db", "sqlite"),
+        *("--db-url", f"sqlite:///{home}/bench.db"),
+        env=isolated_airflow_env(home),
+        stdout=RESULTS / f"bench-{airflow}.log",
+    )
 
 
 @nox.session(default=False)
@@ -666,24 +674,21 @@ def install_check_airflow2(session: nox.Session) -> None:
     session.log(f"Airflow {AIRFLOW_2}, pinned as the README says: pip refuses ({errors[0]})")
     session.run(*pip, "install", "--quiet", "--no-deps", wheel, external=True)
     home = out / "home"
-    env_vars: dict[str, str | None] = {
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW_CONFIG": None,
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": None,
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__HEARTBEAT_FIX__ENABLED": None,
-        "XDG_CACHE_HOME": str(out / "cache"),
-    }
+    env_vars = isolated_airflow_env(
+        home,
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__HEARTBEAT_FIX__ENABLED=None,
+        XDG_CACHE_HOME=str(out / "cache"),
+    )
     cli = str(env / "bin" / "airflow-heartbeat-fix")
-    with (out / "status.json").open("w") as stdout, (out / "status.stderr").open("w") as stderr:
-        session.run(
-            *(cli, "status", "-o", "json"),
-            env=env_vars,
-            stdout=stdout,
-            stderr=stderr,
-            success_codes=[1],
-            external=True,
-        )
+    run_into(
+        session,
+        *(cli, "status", "-o", "json"),
+        env=env_vars,
+        stdout=out / "status.json",
+        stderr=out / "status.stderr",
+        success_codes=[1],
+    )
     document = json.loads((out / "status.json").read_text())
     if document["ok"] or {row["state"] for row in document["fixes"]} != {"unsupported"}:
         session.error(f"status on Airflow {AIRFLOW_2}: {document}")

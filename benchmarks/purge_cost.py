@@ -433,10 +433,11 @@ def _anchor_walls(versions: list[dict[str, Any]]) -> dict[tuple[str, int], float
 
 def purge_table(versions: list[dict[str, Any]]) -> str:
     anchors = _anchor_walls(versions)
-    lines = _header(
+    headers = [
         "purge pass", "db", "N", "retries", "mode", "wall s median (min-max)", f"vs stock {ANCHOR_VERSION}",
         "fixed/stock", "scheduler CPU s", "statements/TI", "commits/pass", "peak MiB", "converged",
-    )  # fmt: skip
+    ]  # fmt: skip
+    rows: list[list[Any]] = []
     for report in versions:
         for row in report["purge"]:
             stock_wall = row["stock"]["wall_median"]
@@ -452,19 +453,19 @@ def purge_table(versions: list[dict[str, Any]]) -> str:
                 per_ti = f"{s['statements'] / s['n']:.3f}" if s.get("n") else "-"
                 peak = f"{s['peak_bytes'] / 2**20:.1f}" if s.get("peak_bytes") else "-"
                 cpu = f"{s['cpu_median']:.2f}" if s.get("cpu_median") is not None else "-"
-                lines.append(
-                    f"| {report['version']} | {report['db']} | {row['n']} | {row['retries']} | {mode} "
-                    f"| {_fmt_wall(s)} | {vs_anchor} | {vs_stock} | {cpu} | {per_ti} | {s['commits']} "
-                    f"| {peak} | {'yes' if s['converged'] else 'no'} |"
+                rows.append(
+                    [report["version"], report["db"], row["n"], row["retries"], mode, _fmt_wall(s), vs_anchor]
+                    + [vs_stock, cpu, per_ti, s["commits"], peak, "yes" if s["converged"] else "no"]
                 )
-    return "\n".join(lines)
+    return _markdown(headers, rows)
 
 
 def loop_table(versions: list[dict[str, Any]]) -> str:
-    lines = _header(
+    headers = [
         "loop", "db", "scenario", "stock statements", "fixed statements", "stock wall s", "fixed wall s",
         "fixed/stock wall", "notes",
-    )  # fmt: skip
+    ]  # fmt: skip
+    rows: list[list[Any]] = []
     for report in versions:
         for what in ("idle", "storm"):
             by_mode = report.get(what)
@@ -486,11 +487,17 @@ def loop_table(versions: list[dict[str, Any]]) -> str:
                     + (f", {c['error'][:50]}" if c["error"] else "")
                     for mode, c in by_mode.items()
                 )
-            lines.append(
-                f"| {report['version']} | {report['db']} | {label} | {stock['statements']:g} "
-                f"| {fixed['statements']:g} | {_wall(stock)} | {_wall(fixed)} | {ratio} | {notes} |"
+            rows.append(
+                [
+                    report["version"],
+                    report["db"],
+                    label,
+                    f"{stock['statements']:g}",
+                    f"{fixed['statements']:g}",
+                ]
+                + [_wall(stock), _wall(fixed), ratio, notes]
             )
-    return "\n".join(lines)
+    return _markdown(headers, rows)
 
 
 def _kinds_difference(stock: dict[str, int], fixed: dict[str, int], loops: int) -> str:
@@ -507,9 +514,11 @@ def _wall(summary: dict[str, Any]) -> str:
     return f"{summary['wall_median']:.4f}" if summary["wall_median"] is not None else "-"
 
 
-def _header(*columns: str) -> list[str]:
-    """A markdown table's first two lines."""
-    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+def _markdown(headers: list[str], rows: list[list[Any]]) -> str:
+    """A GitHub Markdown table (values as formatted here: tabulate parses no numbers)."""
+    from tabulate import tabulate
+
+    return str(tabulate(rows, headers, tablefmt="github", disable_numparse=True))
 
 
 def _purge_rows(versions: list[dict[str, Any]]) -> dict[tuple[str, str, int, str], dict[int, dict[str, Any]]]:
@@ -525,14 +534,14 @@ def _purge_rows(versions: list[dict[str, Any]]) -> dict[tuple[str, str, int, str
 
 def kinds_table(versions: list[dict[str, Any]]) -> str:
     """Statements per task instance by kind, at the largest N measured, per version, retries and mode."""
-    lines = _header("version", "db", "retries", "mode", "N", "statements per TI by kind")
+    rows: list[list[Any]] = []
     for (version, db, retries, mode), by_n in _purge_rows(versions).items():
         n = max(by_n)
         s = by_n[n]
         kinds = sorted(s["kinds"].items(), key=lambda kv: -kv[1])
         text = ", ".join(f"{k} {v / s['n']:.2f}" for k, v in kinds if v / s["n"] >= 0.01)
-        lines.append(f"| {version} | {db} | {retries} | {mode} | {n} | {text} |")
-    return "\n".join(lines)
+        rows.append([version, db, retries, mode, n, text])
+    return _markdown(["version", "db", "retries", "mode", "N", "statements per TI by kind"], rows)
 
 
 def linear_fit(points: list[tuple[int, float]]) -> tuple[float, float, float]:
@@ -555,30 +564,32 @@ def fit_table(versions: list[dict[str, Any]]) -> str:
     Statements and commits of a pass split into a constant per pass and a slope per task instance,
     fitted over every N measured (possibly in separate runs) of a release, database, retries and mode.
     """
-    lines = _header(
+    headers = [
         "statements = per pass + per TI x N", "db", "retries", "mode", "Ns", "statements per pass",
         "statements per TI", "commits per pass", "commits per TI", "worst residual",
-    )  # fmt: skip
+    ]  # fmt: skip
+    rows: list[list[Any]] = []
     for (version, db, retries, mode), by_n in _purge_rows(versions).items():
         measured = [s for n, s in sorted(by_n.items()) if s.get("n") and not s["error"]]
         if len(measured) < 2:
             continue
         statements = linear_fit([(s["n"], s["statements"]) for s in measured])
         commits = linear_fit([(s["n"], s["commits"]) for s in measured])
-        lines.append(
-            f"| {version} | {db} | {retries} | {mode} | {','.join(str(s['n']) for s in measured)} "
-            f"| {statements[0]:.1f} | {statements[1]:.3f} | {commits[0]:.1f} | {commits[1]:.3f} "
-            f"| {max(statements[2], commits[2]):.2g} |"
+        rows.append(
+            [version, db, retries, mode, ",".join(str(s["n"]) for s in measured), f"{statements[0]:.1f}"]
+            + [f"{statements[1]:.3f}", f"{commits[0]:.1f}", f"{commits[1]:.3f}"]
+            + [f"{max(statements[2], commits[2]):.2g}"]
         )
-    return "\n".join(lines)
+    return _markdown(headers, rows)
 
 
 def listener_table(versions: list[dict[str, Any]]) -> str:
     """The purge with the listener plugin against the same purge without it: the cost of a nested session."""
-    lines = _header(
+    headers = [
         "purge with a listener", "db", "N", "retries", "mode", "statements/TI", "without the listener",
         "nested sessions", "extra statements per nested session", "converged",
-    )  # fmt: skip
+    ]  # fmt: skip
+    rows: list[list[Any]] = []
     for report in versions:
         plain = {(row["n"], row["retries"]): row for row in report["purge"]}
         for row in report.get("listener", []):
@@ -590,11 +601,11 @@ def listener_table(versions: list[dict[str, Any]]) -> str:
                 if without and not s["error"] and not without["error"] and s.get("nested_sessions"):
                     extra = f"{(s['statements'] - without['statements']) / s['nested_sessions']:.2f}"
                 outcome = "yes" if s["converged"] else "no" + (f" ({s['error'][:40]})" if s["error"] else "")
-                lines.append(
-                    f"| {report['version']} | {report['db']} | {row['n']} | {row['retries']} | {mode} "
-                    f"| {per_ti} | {base} | {s.get('nested_sessions', 0)} | {extra} | {outcome} |"
+                rows.append(
+                    [report["version"], report["db"], row["n"], row["retries"], mode, per_ti, base]
+                    + [s.get("nested_sessions", 0), extra, outcome]
                 )
-    return "\n".join(lines)
+    return _markdown(headers, rows)
 
 
 def print_tables(versions: list[dict[str, Any]]) -> None:

@@ -29,7 +29,8 @@ FIXES = (NESTED_FIX, SINK_FIX, PURGE_FIX, LOCK_FIX, EVENT_TYPE_FIX, ADOPTION_FIX
 
 FIX_TITLES = {
     NESTED_FIX: "a create_session() nested in the scheduler loop (listeners, cluster policies, Variable and "
-    "Connection lookups, deadline alerts) joins the loop's transaction instead of ending it (crash loops, "
+    "Connection lookups, deadline alerts) never ends the loop's transaction: it commits on its own when the "
+    "loop holds nothing, else joins it, and listeners run after the loop's commit (crash loops, "
     "UniqueViolation on retry, lost callbacks)",
     SINK_FIX: "callback sink keeps the scheduler's session (UniqueViolation crash, detached batches)",
     PURGE_FIX: "heartbeat-timeout purge converges the task instance (duplicate callbacks)",

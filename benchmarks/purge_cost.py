@@ -454,8 +454,21 @@ def purge_table(versions: list[dict[str, Any]]) -> str:
                 peak = f"{s['peak_bytes'] / 2**20:.1f}" if s.get("peak_bytes") else "-"
                 cpu = f"{s['cpu_median']:.2f}" if s.get("cpu_median") is not None else "-"
                 rows.append(
-                    [report["version"], report["db"], row["n"], row["retries"], mode, _fmt_wall(s), vs_anchor]
-                    + [vs_stock, cpu, per_ti, s["commits"], peak, "yes" if s["converged"] else "no"]
+                    [
+                        report["version"],
+                        report["db"],
+                        row["n"],
+                        row["retries"],
+                        mode,
+                        _fmt_wall(s),
+                        vs_anchor,
+                        vs_stock,
+                        cpu,
+                        per_ti,
+                        s["commits"],
+                        peak,
+                        "yes" if s["converged"] else "no",
+                    ]
                 )
     return _markdown(headers, rows)
 
@@ -494,8 +507,11 @@ def loop_table(versions: list[dict[str, Any]]) -> str:
                     label,
                     f"{stock['statements']:g}",
                     f"{fixed['statements']:g}",
+                    _wall(stock),
+                    _wall(fixed),
+                    ratio,
+                    notes,
                 ]
-                + [_wall(stock), _wall(fixed), ratio, notes]
             )
     return _markdown(headers, rows)
 
@@ -576,9 +592,18 @@ def fit_table(versions: list[dict[str, Any]]) -> str:
         statements = linear_fit([(s["n"], s["statements"]) for s in measured])
         commits = linear_fit([(s["n"], s["commits"]) for s in measured])
         rows.append(
-            [version, db, retries, mode, ",".join(str(s["n"]) for s in measured), f"{statements[0]:.1f}"]
-            + [f"{statements[1]:.3f}", f"{commits[0]:.1f}", f"{commits[1]:.3f}"]
-            + [f"{max(statements[2], commits[2]):.2g}"]
+            [
+                version,
+                db,
+                retries,
+                mode,
+                ",".join(str(s["n"]) for s in measured),
+                f"{statements[0]:.1f}",
+                f"{statements[1]:.3f}",
+                f"{commits[0]:.1f}",
+                f"{commits[1]:.3f}",
+                f"{max(statements[2], commits[2]):.2g}",
+            ]
         )
     return _markdown(headers, rows)
 
@@ -602,8 +627,18 @@ def listener_table(versions: list[dict[str, Any]]) -> str:
                     extra = f"{(s['statements'] - without['statements']) / s['nested_sessions']:.2f}"
                 outcome = "yes" if s["converged"] else "no" + (f" ({s['error'][:40]})" if s["error"] else "")
                 rows.append(
-                    [report["version"], report["db"], row["n"], row["retries"], mode, per_ti, base]
-                    + [s.get("nested_sessions", 0), extra, outcome]
+                    [
+                        report["version"],
+                        report["db"],
+                        row["n"],
+                        row["retries"],
+                        mode,
+                        per_ti,
+                        base,
+                        s.get("nested_sessions", 0),
+                        extra,
+                        outcome,
+                    ]
                 )
     return _markdown(headers, rows)
 

@@ -511,28 +511,12 @@ class TestRealScheduler:
         A hung try with a retry left: the scheduler's purge fails it for retry, the listener writes its
         audit row through ``create_session()``; the scheduler stays up and sends one callback for the try.
         """
-        from airflow_heartbeat_fix.activation import is_enabled
 
-        home = tmp_path / "home"
-        install_plugin_folder(home / "plugins", LISTENER_PLUGIN)
         with dag_maker(dag_id="nested_real_scheduler", schedule=None, session=session):
             _empty_operator("stall", retries=1)
         dag_run = dag_maker.create_dagrun(run_id="run_nested_real_scheduler", state=DagRunState.RUNNING)
         ti = dag_run.get_task_instance("stall", session=session)
-        scheduler = harness.start_scheduler(
-            "listener-scheduler",
-            home,
-            fix_enabled=is_enabled(),
-            AIRFLOW__CORE__PLUGINS_FOLDER=str(home / "plugins"),
-        )
-        try:
-            job_id = harness.scheduler_job(scheduler, known=set())
-            harness.check_activation(scheduler, is_enabled())
-            make_stale_for_job([ti], job_id, session)
-            outcome = _until_converged(scheduler, ti)
-            scheduler_log = scheduler.read_log()
-        finally:
-            scheduler.stop()
+        outcome, scheduler_log = _hung_on_a_real_scheduler([ti], session, tmp_path / "home", LISTENER_PLUGIN)
 
         assert harness.loop_crash(scheduler_log) is None, (
             f"the scheduler crashed: {harness.loop_crash(scheduler_log)}"
@@ -550,29 +534,15 @@ class TestRealScheduler:
         by the listener's own worker thread with no wait of the scheduler's thread, and each try converges
         with one callback.
         """
-        from airflow_heartbeat_fix.activation import is_enabled
 
-        home = tmp_path / "home"
-        install_plugin_folder(home / "plugins", ACKNOWLEDGING_LISTENER)
         with dag_maker(dag_id="nested_real_ack", schedule=None, session=session):
             for number in range(4):
                 _empty_operator(f"stall_{number}")
         dag_run = dag_maker.create_dagrun(run_id="run_nested_real_ack", state=DagRunState.RUNNING)
         tis = dag_run.get_task_instances(session=session)
-        scheduler = harness.start_scheduler(
-            "ack-scheduler",
-            home,
-            fix_enabled=is_enabled(),
-            AIRFLOW__CORE__PLUGINS_FOLDER=str(home / "plugins"),
+        outcome, scheduler_log = _hung_on_a_real_scheduler(
+            tis, session, tmp_path / "home", ACKNOWLEDGING_LISTENER
         )
-        try:
-            job_id = harness.scheduler_job(scheduler, known=set())
-            harness.check_activation(scheduler, is_enabled())
-            make_stale_for_job(tis, job_id, session)
-            outcome = _until_all_converged(scheduler, tis)
-            scheduler_log = scheduler.read_log()
-        finally:
-            scheduler.stop()
 
         assert harness.loop_crash(scheduler_log) is None, harness.loop_crash(scheduler_log)
         assert outcome == "converged", f"the hung tries did not converge: {outcome}"
@@ -631,6 +601,31 @@ class TestRealScheduler:
             cleaner.execute(delete(Variable).where(Variable.key.in_([f"{dag_id}_row" for dag_id in PAIR])))
 
 
+def _hung_on_a_real_scheduler(
+    tis: list[Any], session: Session, home: Path, plugin_file: Path
+) -> tuple[str, str]:
+    """
+    A real ``airflow scheduler`` with ``plugin_file`` in its plugins folder handed ``tis`` as its hung
+    tries, until they converge (:func:`_until_all_converged`): what happened, and its log.
+    """
+    from airflow_heartbeat_fix.activation import is_enabled
+
+    plugins = install_plugin_folder(home / "plugins", plugin_file)
+    scheduler = harness.start_scheduler(
+        f"{plugin_file.stem}-scheduler",
+        home,
+        fix_enabled=is_enabled(),
+        AIRFLOW__CORE__PLUGINS_FOLDER=str(plugins),
+    )
+    try:
+        job_id = harness.scheduler_job(scheduler, known=set())
+        harness.check_activation(scheduler, is_enabled())
+        make_stale_for_job(tis, job_id, session)
+        return _until_all_converged(scheduler, tis), scheduler.read_log()
+    finally:
+        scheduler.stop()
+
+
 def _until_all_converged(scheduler: Any, tis: list[Any]) -> str:
     """
     Wait until every try 1 of ``tis`` has left RUNNING (two more scans then pass); or say what happened
@@ -648,25 +643,6 @@ def _until_all_converged(scheduler: Any, tis: list[Any]) -> str:
             states = [state for ti in tis for number, state, _ in _tries(reader, ti) if number == 1]
         if len(states) >= len(tis) and all(
             state in (TaskInstanceState.FAILED, TaskInstanceState.UP_FOR_RETRY) for state in states
-        ):
-            time.sleep(2 * harness.PURGE_EVERY)
-            return "converged"
-        time.sleep(0.2)
-    return f"still {states} after {CONVERGE_TIMEOUT:.0f} s"
-
-
-def _until_converged(scheduler: Any, ti: Any) -> str:
-    """Wait until ``ti``'s try 1 has left RUNNING and two more scans ran; or say what happened instead."""
-    import time
-
-    deadline = time.monotonic() + CONVERGE_TIMEOUT
-    while time.monotonic() < deadline:
-        if scheduler.popen.poll() is not None or harness.loop_crash(scheduler.read_log()):
-            return "the scheduler exited"
-        with create_session(scoped=False) as reader:
-            states = [state for number, state, _ in _tries(reader, ti) if number == 1]
-        if states and all(
-            state == TaskInstanceState.FAILED or state == TaskInstanceState.UP_FOR_RETRY for state in states
         ):
             time.sleep(2 * harness.PURGE_EVERY)
             return "converged"

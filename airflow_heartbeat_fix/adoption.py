@@ -14,7 +14,6 @@ Where the attributes happen to be loaded, the writes go to detached instances an
 from __future__ import annotations
 
 import contextlib
-import logging
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
@@ -23,6 +22,8 @@ from airflow.utils.session import NEW_SESSION, provide_session
 from sqlalchemy import inspect
 
 from airflow_heartbeat_fix._compat import scheduler_executors
+from airflow_heartbeat_fix.logs import fix_logger
+from airflow_heartbeat_fix.nested_blocks import loop_thread
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from airflow.models.taskinstance import TaskInstance
     from sqlalchemy.orm import Session
 
-log = logging.getLogger(__name__)
+log = fix_logger(__name__)
 
 
 class HeldOrphanAdoptionMixin(SchedulerJobRunner):
@@ -82,6 +83,8 @@ def _adoption_in_transaction(executor: BaseExecutor, session: Session) -> Iterat
 
     def held_try_adopt(tis: Sequence[TaskInstance]) -> Sequence[TaskInstance]:
         batch = list(tis)
+        held: list[str] = []
+        opened_before = loop_thread.opened
         try:
             returned = try_adopt(batch)
         except Exception:
@@ -90,14 +93,34 @@ def _adoption_in_transaction(executor: BaseExecutor, session: Session) -> Iterat
                 name,
                 len(batch),
             )
-            returned = batch
-        for ti in batch:
-            if inspect(ti).detached:  # expunged by the executor: the transaction and its locks are intact
-                session.add(ti)
-        return _in_batch(batch, returned, name)
+            returned, held = batch, ["it raised"]
+        if loop_thread.opened > opened_before:
+            held.append("its session was held in the adoption's transaction")
+        expunged = [ti for ti in batch if inspect(ti).detached]
+        for ti in expunged:  # expunged by the executor: the transaction and its locks are intact
+            session.add(ti)
+        if expunged:
+            held.append(f"it expunged {len(expunged)} of them")
+        to_reset = _in_batch(batch, returned, name)
+        if held:
+            _log_what_was_held(batch, to_reset, name, "; ".join(held))
+        return to_reset
 
     with mock.patch.object(executor, "try_adopt_task_instances", held_try_adopt):
         yield
+
+
+def _log_what_was_held(batch: list[TaskInstance], to_reset: list[TaskInstance], name: str, held: str) -> None:
+    """One line per orphan whose adoption stock Airflow would have ended in a crash or lost."""
+    reset = {id(ti) for ti in to_reset}
+    for ti in batch:
+        log.info(
+            "airflow-heartbeat-fix (held_orphan_adoption): orphaned %s %s by %s (%s)",
+            ti,
+            "handed back to be reset" if id(ti) in reset else "adopted",
+            name,
+            held,
+        )
 
 
 def _in_batch(batch: list[TaskInstance], returned: Any, name: str) -> list[TaskInstance]:

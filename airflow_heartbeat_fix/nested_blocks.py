@@ -58,6 +58,8 @@ class _LoopThread(threading.local):
         #: blocks and the scoped sessions loop paths were handed. A ``create_session()`` is nested iff > 0.
         self.sessions_in_use = 0
         self.blocks: list[NestedBlock] = []
+        #: Nested blocks opened in this thread so far (who acted can tell whether one opened meanwhile).
+        self.opened = 0
         #: Work to run right after the loop's transaction commits (dropped if it rolls back).
         self.after_commit: list[_AfterCommit] = []
         self.running_after_commit = False
@@ -420,6 +422,7 @@ def nested_block() -> Generator[Session, None, None]:
     session = scoped_session()
     block = NestedBlock(session, _innermost())
     loop_thread.blocks.append(block)
+    loop_thread.opened += 1
     _sync_hooks(session)
     Stats.incr("heartbeat_fix.nested_sessions.opened")
     try:

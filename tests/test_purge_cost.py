@@ -15,7 +15,8 @@ import pytest
 from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
 
 from airflow_heartbeat_fix.detection import PURGE_FIX
-from airflow_heartbeat_fix.scheduler import _refresh_served_by_row_lock, build_runner_class
+from airflow_heartbeat_fix.purge import _refresh_served_by_row_lock
+from airflow_heartbeat_fix.scheduler import build_runner_class
 
 
 class _CountingDagBag:

@@ -143,6 +143,16 @@ def find_fix_summary(log_text: str) -> dict[str, str]:
     return dict(_FIX_STATE.findall(match.group(1)))
 
 
+#: The line a fix logs each time it acts (``airflow-heartbeat-fix (converged_heartbeat_purge): ...``).
+_FIX_ACTED = re.compile(rf"airflow-heartbeat-fix \(({'|'.join(FIXES)})\): ")
+
+
+def count_fix_actions(log_texts: Iterable[str]) -> dict[str, int]:
+    """How many lines each fix logged when it acted, over the schedulers' logs."""
+    counts = Counter(fix for text in log_texts for fix in _FIX_ACTED.findall(_ANSI_ESCAPE.sub("", text)))
+    return dict(sorted(counts.items()))
+
+
 def celery_worker_ready(log_text: str) -> bool:
     """Whether a Celery worker's log says it consumes its queue (Celery logs ``<name>@<host> ready.``)."""
     return re.search(r"@\S+ ready\.", log_text) is not None

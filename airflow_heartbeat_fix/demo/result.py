@@ -96,6 +96,8 @@ class SchedulerOutcome:
     exit_code: int | None = None
     error: str | None = None
     fixes: dict[str, str] = field(default_factory=dict)  # fix -> state, as the scheduler logged them
+    #: fix -> lines the schedulers logged when that fix acted (``airflow-heartbeat-fix (<fix>): ...``)
+    actions: dict[str, int] = field(default_factory=dict)
 
     @property
     def alive(self) -> bool:

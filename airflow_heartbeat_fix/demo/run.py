@@ -24,6 +24,7 @@ from airflow_heartbeat_fix.demo.database import Db, mark_database_as_demo, read_
 from airflow_heartbeat_fix.demo.environment import isolated_env, prepare_home
 from airflow_heartbeat_fix.demo.logs import (
     celery_worker_ready,
+    count_fix_actions,
     find_crash_time,
     find_fix_summary,
     find_scheduler_crash,
@@ -317,6 +318,7 @@ class DemoRun:
     def _watch_schedulers(self, watching: _Watch, now: float) -> None:
         """The fixes each scheduler logged, and whether one crashed or exited (the first stands for all)."""
         result, (triggered, triggered_at) = self.result, self._triggered
+        result.scheduler.actions = count_fix_actions(s.read_log() for s in watching.schedulers)
         for scheduler in watching.schedulers:
             scheduler_log = scheduler.read_log()
             result.scheduler.fixes = result.scheduler.fixes or find_fix_summary(scheduler_log)

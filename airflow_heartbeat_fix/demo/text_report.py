@@ -85,6 +85,10 @@ def result_rows(
     """``(label, value)`` rows of one run, for the fixes and the tries listed per Dag."""
     rows: list[tuple[str, str]] = [("scheduler", _scheduler_cell(result.scheduler))]
     rows += [(f"  {fix}", result.scheduler.fixes.get(fix, "-")) for fix in fix_names]
+    actions = result.scheduler.actions
+    rows.append(
+        ("fixes acting (log lines)", ", ".join(f"{fix} x{n}" for fix, n in actions.items()) or "none")
+    )
     for dag_id in DAG_IDS:
         rows += _dag_rows(result, dag_id, try_numbers.get(dag_id, []))
     rows += _scenario_rows(result)

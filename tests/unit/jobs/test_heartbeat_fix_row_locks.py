@@ -36,7 +36,7 @@ from airflow_heartbeat_fix import activation
 from airflow_heartbeat_fix import scheduler as scheduler_module
 from airflow_heartbeat_fix.activation import is_enabled
 from airflow_heartbeat_fix.detection import PURGE_FIX, FixState
-from airflow_heartbeat_fix.scheduler import _typed_task_callbacks, changed_since_scan
+from airflow_heartbeat_fix.purge import _typed_task_callbacks, changed_since_scan
 from testing import purge_race
 from testing.killed_scheduler import kill_scheduler_mid_purge
 from testing.scheduler import make_stale, new_runner

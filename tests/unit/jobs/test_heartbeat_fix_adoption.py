@@ -234,6 +234,17 @@ class TestSchedulerJob:
             assert _adopt(runner) == len(RESET) + len(ADOPTED) - len(adopted)
         self._assert_adopted_or_reset_once(session, runner.job.id, adopted)
 
+    def test_adopt_or_reset_orphaned_tasks_logs_each_orphan_it_held(
+        self, session: Session, orphans: list[TaskInstance], cap_structlog: Any
+    ) -> None:
+        """Where the executor's session was held, one line per orphan names the fix and what became of it."""
+        runner = _runner(session, ScopedSessionExecutor())
+
+        _adopt(runner)
+
+        lines = [entry["event"] for entry in cap_structlog if "(held_orphan_adoption)" in entry["event"]]
+        assert len(lines) == len(ADOPTED) + len(RESET), lines
+
     def test_restarted_scheduler_adopts_or_resets_orphaned_tasks(
         self, session: Session, orphans: list[TaskInstance], dead_job: Job, tmp_path: Path
     ) -> None:

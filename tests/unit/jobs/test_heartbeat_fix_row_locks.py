@@ -33,13 +33,13 @@ from sqlalchemy.exc import OperationalError
 from tests_common.test_utils.db import clear_db_callbacks, clear_db_jobs, clear_db_logs, clear_db_runs
 
 from airflow_heartbeat_fix import activation
-from airflow_heartbeat_fix import scheduler as scheduler_module
+from airflow_heartbeat_fix import purge as purge_module
 from airflow_heartbeat_fix.activation import is_enabled
 from airflow_heartbeat_fix.detection import PURGE_FIX, FixState
 from airflow_heartbeat_fix.purge import _typed_task_callbacks, changed_since_scan
 from testing import purge_race
 from testing.killed_scheduler import kill_scheduler_mid_purge
-from testing.scheduler import make_stale, new_runner
+from testing.scheduler import make_stale, new_runner, purge_pass
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -199,7 +199,7 @@ class TestPurgeMetrics:
             def incr(name: str, *args: Any, tags: dict[str, str] | None = None, **kwargs: Any) -> None:
                 calls.append((name, dict(tags or {})))
 
-        monkeypatch.setattr(scheduler_module, "Stats", RecordingStats)
+        monkeypatch.setattr(purge_module, "Stats", RecordingStats)
         return calls
 
     def test_converged_and_skipped_changed(
@@ -234,6 +234,28 @@ class TestPurgeMetrics:
             converged = {"dag_id": self.DAG_ID, "task_id": "hung"}
             expected.append(("heartbeat_fix.heartbeat_timeout.converged", converged))
         assert sorted(emitted, key=str) == sorted(expected, key=str)
+
+    def test_a_converged_try_is_logged_once_naming_the_fix(
+        self, dag_maker: DagMaker, session: Session, cap_structlog: Any
+    ) -> None:
+        """One line per try the backported purge failed, naming the fix; none where upstream's purge runs."""
+        runner = new_runner(session)
+        with dag_maker(dag_id=self.DAG_ID, schedule=None, session=session):
+            EmptyOperator(task_id="hung", retries=1)
+            EmptyOperator(task_id="last_try")
+        dag_run = dag_maker.create_dagrun()
+        make_stale(dag_run.get_task_instances(session=session), runner, session)
+
+        purge_pass(runner)
+
+        lines = [entry for entry in cap_structlog if "(converged_heartbeat_purge)" in entry["event"]]
+        decided = activation.decide(activation.facts(), enabled=True)
+        if decided[PURGE_FIX].state is not FixState.ACTIVE:
+            assert lines == []
+            return
+        assert len(lines) == 2, [
+            entry["event"] for entry in lines
+        ]  # one per try (their callbacks: the purge's tests)
 
 
 class TestTypedTaskCallbacks:

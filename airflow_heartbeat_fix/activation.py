@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_heartbeat_fix import support
+from airflow_heartbeat_fix.config_check import SECTION as CONFIG_SECTION
+from airflow_heartbeat_fix.config_check import config_warnings
 from airflow_heartbeat_fix.detection import (
     FIX_TITLES,
     FIXES,
@@ -36,7 +38,6 @@ from airflow_heartbeat_fix.facts import (
 )
 from airflow_heartbeat_fix.logs import fix_logger
 
-CONFIG_SECTION = "heartbeat_fix"
 #: What Airflow's ``conf.getboolean`` accepts, for the one-line error.
 ACCEPTED_BOOLEANS = "True/False, t/f, 1/0"
 
@@ -84,7 +85,7 @@ _quiet = False
 
 def _say(level: int, message: str) -> None:
     if not _quiet:
-        fix_logger().log(level, "%s", message)
+        fix_logger().log(level, message)  # no arguments: the line is not %-formatted
 
 
 def one_line(exc: BaseException) -> str:
@@ -235,6 +236,8 @@ def install(*, raise_errors: bool = False) -> dict[str, FixDecision]:
     state.decided = decided
     worst = logging.WARNING if problem or (not_applied(decided) and not switched_off) else logging.INFO
     _say(worst, summary(decided, version, problem, switched_off=switched_off))
+    for warning in config_warnings():
+        _say(logging.WARNING, f"airflow-heartbeat-fix: {warning}")
     return decided
 
 

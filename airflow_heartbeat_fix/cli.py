@@ -58,6 +58,7 @@ def _airflow_version() -> str:
 def status_document() -> dict[str, Any]:
     """What a plain ``airflow scheduler`` started now would run, from the same activation as a dry run."""
     from airflow_heartbeat_fix import __version__, activation, support
+    from airflow_heartbeat_fix.config_check import config_warnings
     from airflow_heartbeat_fix.detection import FixDecision, FixState
 
     in_range = support.check()
@@ -91,6 +92,7 @@ def status_document() -> dict[str, Any]:
         "refusal": in_range.refusal,
         "enabled": switch.enabled,
         "config_problem": switch.problem,
+        "config_warnings": config_warnings(),
         "policy_entry_point_registered": registered,
         "activation": activation_line,
         "ok": not not_applied,
@@ -127,8 +129,9 @@ def _print_status(document: dict[str, Any], output: str) -> None:
         print(f"[heartbeat_fix] enabled = {document['enabled']}")
         print(f"activation: {document['activation']}")
         console.print_as(_status_rows(document, output), output=output)
-    if document["config_problem"]:
-        _say(document["config_problem"])
+    for problem in [document["config_problem"], *document["config_warnings"]]:
+        if problem:
+            _say(problem)
 
 
 @contextlib.contextmanager
@@ -174,7 +177,10 @@ def _status(output: str) -> int:
     except configparser.Error as exc:
         _print_error(config_error(exc), output)
         return EXIT_NOT_APPLIED
-    _print_status(document, output)
+    try:
+        _print_status(document, output)
+    except BrokenPipeError:  # `status | head`: the reader has what it wanted; the answer is the exit code
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if document["refusal"]:
         _say(document["refusal"])
     elif not document["ok"]:

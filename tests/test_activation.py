@@ -178,6 +178,7 @@ def test_status_json_reports_each_fix() -> None:
         "refusal",
         "enabled",
         "config_problem",
+        "config_warnings",
         "policy_entry_point_registered",
         "activation",
         "ok",

@@ -1,5 +1,6 @@
 """
-python -m parity --results DIR [--out parity/REPORT.md] [--json PATH] [--tested COMMIT] [--readme README.md]
+python -m parity --results DIR [--out parity/REPORT.md] [--json PATH] [--tested COMMIT]
+                 [--compatibility docs/compatibility.md]
 
 Reads every ``<version>-<db>-<mode>.xml`` junit file under DIR (subfolders too), checks each declared
 test in each cell against ``parity/expectations.toml``, and each ``status-<version>.json`` (what
@@ -97,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the report as JSON here")
     parser.add_argument("--tested", help="the commit the results come from")
     parser.add_argument("--expectations", type=Path, default=expectations_module.DEFAULT_PATH)
-    parser.add_argument("--readme", type=Path, help="rewrite this file's compatibility block from the run")
+    parser.add_argument(
+        "--compatibility", type=Path, help="rewrite this file's compatibility block from the run"
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -121,14 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(as_json(report, provenance), indent=2) + "\n", encoding="utf-8")
 
-    if args.readme:
+    if args.compatibility:
         try:
-            readme = args.readme.read_text(encoding="utf-8")
-            updated = with_compatibility(readme, report, expectations, provenance["Tested commit"])
+            page = args.compatibility.read_text(encoding="utf-8")
+            updated = with_compatibility(page, report, expectations, provenance["Tested commit"])
         except (OSError, ValueError) as e:
-            print(f"parity: cannot update {args.readme}: {e}", file=sys.stderr)
+            print(f"parity: cannot update {args.compatibility}: {e}", file=sys.stderr)
             return 2
-        args.readme.write_text(updated, encoding="utf-8")
+        args.compatibility.write_text(updated, encoding="utf-8")
     print(f"parity: {summary(report)}; wrote {args.out}")
     for line in report.differences():
         print(f"parity: DIFFERS: {line}", file=sys.stderr)

@@ -21,8 +21,10 @@ import fcntl
 import hashlib
 import itertools
 import json
+import os
 import re
 import shutil
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from contextlib import contextmanager, suppress
@@ -361,6 +363,64 @@ def project_wheel(session: nox.Session) -> Path:
     return next(out.glob("*.whl"))
 
 
+#: The README's install block: every line CI runs, next to each Airflow 3 release and next to Airflow 2.
+README_INSTALL = re.compile(r"<!-- install:start -->(.*?)<!-- install:end -->", re.DOTALL)
+
+
+def readme_install_lines() -> tuple[list[str], list[str]]:
+    """The README's install block: the shell variables it sets, and each ``pip install`` command (a
+    Dockerfile ``RUN`` as its command)."""
+    found = README_INSTALL.search((ROOT / "README.md").read_text(encoding="utf-8"))
+    if found is None:
+        raise RuntimeError("README.md has no <!-- install:start --> ... <!-- install:end --> block")
+    variables, commands = [], []
+    for line in (line.strip().removeprefix("RUN ") for line in found.group(1).splitlines()):
+        if line.startswith("pip install"):
+            commands.append(line)
+        elif re.match(r"^[A-Z_]+=", line):
+            variables.append(line)
+    return variables, commands
+
+
+def readme_install_plans(
+    session: nox.Session, bin_dir: Path, wheel: Path, out: Path, *, airflow: str, constraints: Path
+) -> list[tuple[str, int, set[str]]]:
+    """
+    Each README install line as pip runs it in ``bin_dir``'s environment (``python`` first on PATH, the
+    official image's ``AIRFLOW_VERSION``), of the wheel, ``--dry-run``: as written (``constraints.txt``
+    being ``constraints``) and, for a line without a constraints file, with it too. ``(the line, pip's
+    exit code, what it would install)``.
+    """
+    variables, commands = readme_install_lines()
+    out.mkdir(parents=True, exist_ok=True)
+    dry_run = f"python -m pip install --disable-pip-version-check --dry-run --report REPORT {wheel}"
+    variants = []
+    for command in commands:
+        command = re.sub(r"^pip install (--no-cache-dir )?airflow-heartbeat-fix", dry_run, command)
+        with_file = command.replace("-c constraints.txt", f"-c {constraints}")
+        variants.append(with_file)
+        if with_file == command:  # no constraints file in the line: also with the environment's
+            variants.append(f"{command} -c {constraints}")
+        else:
+            variants.append(command.replace(" -c constraints.txt", ""))
+    plans = []
+    for number, command in enumerate(variants):
+        report = out / f"readme-line-{number}.json"
+        report.unlink(missing_ok=True)
+        script = "\n".join([*variables, command.replace("REPORT", str(report))])
+        code = subprocess.run(
+            ["bash", "-c", script],
+            env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "AIRFLOW_VERSION": airflow},
+            capture_output=True,
+            text=True,
+        ).returncode
+        planned = set()
+        if code == 0 and report.exists():
+            planned = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+        plans.append((command.replace(f" --report REPORT {wheel}", " <wheel>"), code, planned))
+    return plans
+
+
 @nox.session(allow_parallel=True)
 @nox.parametrize("airflow", AIRFLOW_VERSIONS)
 def install_check(session: nox.Session, airflow: str) -> None:
@@ -374,12 +434,21 @@ def install_check(session: nox.Session, airflow: str) -> None:
     release's constraints pin that provider: the releases the Celery topology runs on).
     """
     bin_dir = airflow_venv(session, airflow)
-    wheel = str(project_wheel(session))
-    targets: list[tuple[str, set[str]]] = [(wheel, set())]
+    wheel = project_wheel(session)
+    out = RESULTS / f"install-{airflow}"
+    for line, code, planned in readme_install_plans(
+        session, bin_dir, wheel, out, airflow=airflow, constraints=CONSTRAINTS / f"airflow-{airflow}.txt"
+    ):
+        if code != 0 or planned != {"airflow-heartbeat-fix"}:
+            session.error(
+                f"Airflow {airflow}: the README's `{line}` would install {sorted(planned)} (exit {code})"
+            )
+    session.log(f"Airflow {airflow}: every README install line would install only airflow-heartbeat-fix")
+    targets: list[tuple[str, set[str]]] = []
     if "apache-airflow-providers-celery==" in (CONSTRAINTS / f"airflow-{airflow}.txt").read_text():
         targets.append((f"{wheel}[celery]", {"apache-airflow-providers-celery"}))
     for target, allowed in targets:
-        report = RESULTS / f"install-{airflow}{'-celery' if allowed else ''}.json"
+        report = out / "celery.json"
         session.run(
             *(str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"),
             *("--dry-run", "--report", str(report), target),
@@ -633,10 +702,11 @@ AIRFLOW_2 = "2.11.2"
 
 @nox.session(allow_parallel=True)
 def install_check_airflow2(session: nox.Session) -> None:
-    """In an Airflow 2 environment (no ``apache-airflow-core``): pip's plan, the README's pin, the refusal.
+    """In an Airflow 2 environment (no ``apache-airflow-core``): pip's plan, the README's lines, the refusal.
 
-    Unpinned, pip would install Airflow 3's core over Airflow 2's files (the README warns); the README's
-    pin recipe makes pip refuse; installed anyway (``--no-deps``), status, the scheduler and the demo each
+    Unpinned, pip would install Airflow 3's core over Airflow 2's files; every README install line, with
+    and without Airflow 2's constraints file, makes pip refuse or plan nothing of Airflow, and ``airflow
+    version`` still says 2.11.2; installed anyway (``--no-deps``), status, the scheduler and the demo each
     say in one line that nothing is patched.
     """
     from uv import find_uv_bin
@@ -654,25 +724,30 @@ def install_check_airflow2(session: nox.Session) -> None:
             external=True,
         )
     shutil.rmtree(out, ignore_errors=True)
-    session.run(uv, "build", "--quiet", "--wheel", "--out-dir", str(out / "dist"), str(ROOT), external=True)
-    wheel = str(next((out / "dist").glob("*.whl")))
+    wheel = project_wheel(session)
     pip = (str(python), "-m", "pip", "--disable-pip-version-check")
     session.run(*pip, "uninstall", "--quiet", "--yes", "airflow-heartbeat-fix", external=True)
     report = out / "unpinned.json"
-    session.run(*pip, "install", "--quiet", "--dry-run", "--report", str(report), wheel, external=True)
+    out.mkdir(parents=True)
+    session.run(*pip, "install", "--quiet", "--dry-run", "--report", str(report), str(wheel), external=True)
     planned = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
     if "apache-airflow-core" not in planned:
         session.error(f"unpinned pip install no longer plans apache-airflow-core (README): {sorted(planned)}")
     session.log(f"Airflow {AIRFLOW_2}, unpinned: pip would install {', '.join(sorted(planned))}")
-    # The README's recipe, as written there: in Airflow 2 the pin cannot be formed, and pip refuses.
-    core = 'import importlib.metadata as m; print(m.version("apache-airflow-core"))'
-    recipe = f"{' '.join(pip)} install --dry-run {wheel} \"apache-airflow-core==$({python} -c '{core}')\""
-    refused = session.run("bash", "-c", f"{recipe} 2>&1", success_codes=[1], silent=True, external=True)
-    errors = [line for line in str(refused).splitlines() if line.startswith("ERROR:")]
-    if not errors:
-        session.error(f"the README's pin recipe did not make pip refuse on Airflow {AIRFLOW_2}: {refused}")
-    session.log(f"Airflow {AIRFLOW_2}, pinned as the README says: pip refuses ({errors[0]})")
-    session.run(*pip, "install", "--quiet", "--no-deps", wheel, external=True)
+    # Every README install line, with and without Airflow 2's constraints file: pip refuses, or plans
+    # nothing of Airflow (the pin cannot be formed there, or names a core release that does not exist).
+    plans = readme_install_plans(session, env / "bin", wheel, out, airflow=AIRFLOW_2, constraints=constraints)
+    for line, code, planned in plans:
+        if code == 0 and any(name.startswith("apache-airflow") for name in planned):
+            session.error(f"Airflow {AIRFLOW_2}: the README's `{line}` would install {sorted(planned)}")
+    refused = sum(code != 0 for _, code, _ in plans)
+    session.log(
+        f"Airflow {AIRFLOW_2}: {refused} of {len(plans)} README install lines refused, none plans Airflow"
+    )
+    version = session.run(str(env / "bin" / "airflow"), "version", silent=True, external=True)
+    if str(version).strip().splitlines()[-1] != AIRFLOW_2:
+        session.error(f"airflow version after the README's lines: {version}")
+    session.run(*pip, "install", "--quiet", "--no-deps", str(wheel), external=True)
     home = out / "home"
     env_vars = isolated_airflow_env(
         home,

@@ -3,8 +3,9 @@ The demo's picture: one self-contained HTML page (inline SVG and CSS, nothing fe
 per run, stock and fixed on the same time axis.
 
 Each try of each Dag is a lane coloured by its task instance state over time; callbacks and emails are
-marks on their try's lane, the scheduler crash a red line across the run. Beside it, the counts per try
-with the expected "1 per try". Pure: results in, text out.
+marks on their try's lane, the scheduler crash a red line across the run; a try called back (or emailed)
+more than once has its lane tinted red and noted, and each mark after the first ringed and numbered.
+Beside it, the counts per try with the expected "1 per try". Pure: results in, text out.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ STATE_COLOURS = {
     "restarting": "#8e44ad",
 }
 OTHER_STATE_COLOUR = "#888888"
+#: A try's second callback or email, and its lane.
+DUPLICATE_COLOUR = "#cc0000"
 MARK_COLOURS = {RETRY_CALLBACK: "#e67e00", FAILURE_CALLBACK: "#a40000", EMAIL: "#1f5fbf"}
 
 WIDTH = 1060
@@ -157,6 +160,14 @@ def _lane_svg(
     """One try's lane: its labels, a span per state it was in, and its callback and email marks."""
     parts = [f'<text x="0" y="{bar_y + 6}">{_esc(dag_id)}</text>'] if first_of_dag else []
     parts.append(f'<text x="{LABEL_WIDTH - 10}" y="{bar_y + 6}" text-anchor="end">try {try_number}</text>')
+    repeated = _repeated(result, dag_id, try_number)
+    if repeated:  # the whole lane says it, not only the marks: a duplicate is seen at a glance
+        parts.append(
+            f'<rect x="{LABEL_WIDTH}" y="{bar_y - LANE_HEIGHT // 2 + 4}" width="{PLOT_WIDTH}" '
+            f'height="{LANE_HEIGHT - 4}" fill="{DUPLICATE_COLOUR}" fill-opacity="0.08"/>'
+            f'<text class="crash" x="{LABEL_WIDTH + PLOT_WIDTH}" y="{bar_y - 10}" text-anchor="end">'
+            f"{_esc(repeated)}</text>"
+        )
     parts.append(f'<rect x="{LABEL_WIDTH}" y="{bar_y - 6}" width="{PLOT_WIDTH}" height="12" fill="#f7f7f7"/>')
     segments = _segments(result.timeline, dag_id, try_number, span)
     if not segments:
@@ -175,27 +186,44 @@ def _lane_svg(
 def _marks_svg(
     marks: Sequence[Mark], dag_id: str, try_number: int, bar_y: float, x: Callable[[float], float]
 ) -> list[str]:
-    """Callbacks above the bar, emails below, each at its time; a repeated kind stacks outwards."""
+    """
+    Callbacks above the bar, emails below, each at its time; each one after the first of its row stacks
+    outwards (so two callbacks of different kinds never hide each other) and is ringed and numbered.
+    """
     out = []
-    seen: Counter[str] = Counter()
+    seen: Counter[bool] = Counter()
     for mark in sorted((m for m in marks if m.dag_id == dag_id and m.try_number == try_number), key=_mark_at):
-        nth = seen[mark.kind]
-        seen[mark.kind] += 1
+        is_email = mark.kind == EMAIL
+        nth = seen[is_email]
+        seen[is_email] += 1
         colour = MARK_COLOURS.get(mark.kind, OTHER_STATE_COLOUR)
         cx = x(mark.seconds)
         tip = f"<title>{_esc(mark.kind)} for try {try_number} at {mark.seconds:.1f} s</title>"
-        if mark.kind == EMAIL:
-            y = bar_y + 13 + 9 * nth
+        y = bar_y + 13 + 9 * nth if is_email else bar_y - 12 - 9 * nth
+        if is_email:
             out.append(
                 f'<rect x="{cx - 5:.1f}" y="{y - 4}" width="10" height="8" fill="{colour}">{tip}</rect>'
             )
         else:
-            y = bar_y - 12 - 9 * nth
             out.append(
                 f'<path d="M{cx - 5:.1f},{y - 5} L{cx + 5:.1f},{y - 5} L{cx:.1f},{y + 3} Z" '
                 f'fill="{colour}">{tip}</path>'
             )
+        if nth:
+            out.append(
+                f'<circle cx="{cx:.1f}" cy="{y - 1}" r="8" fill="none" stroke="{DUPLICATE_COLOUR}" '
+                f'stroke-width="2"/><text class="crash" x="{cx + 10:.1f}" y="{y + 3}">{nth + 1}</text>'
+            )
     return out
+
+
+def _repeated(result: RunResult, dag_id: str, try_number: int) -> str:
+    """What one try got more than once, as the lane's note: "2 callbacks (expected 1)", or ""."""
+    mine = Counter(m.kind == EMAIL for m in result.marks if m.dag_id == dag_id and m.try_number == try_number)
+    notes = [f"{mine[False]} callbacks"] if mine[False] > 1 else []
+    if result.emails_via_backend and mine[True] > 1:
+        notes.append(f"{mine[True]} emails")
+    return f"{' and '.join(notes)} (expected 1)" if notes else ""
 
 
 def _mark_at(mark: Mark) -> float:
@@ -241,6 +269,8 @@ def _legend() -> str:
             (triangle.format(MARK_COLOURS[RETRY_CALLBACK]), "on_retry_callback"),
             (triangle.format(MARK_COLOURS[FAILURE_CALLBACK]), "on_failure_callback"),
             (f'<rect x="1" y="2" width="10" height="8" fill="{MARK_COLOURS[EMAIL]}"/>', "email"),
+            (f'<circle cx="6" cy="6" r="5" fill="none" stroke="{DUPLICATE_COLOUR}" stroke-width="2"/>',
+             "a try's 2nd, 3rd ... callback or email"),
             ('<line x1="6" y1="0" x2="6" y2="12" stroke="#cc0000" stroke-width="2" stroke-dasharray="3 2"/>',
              "scheduler crash"),
         )

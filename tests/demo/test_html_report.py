@@ -39,6 +39,25 @@ def test_html_report_shows_each_duplicate_mark_and_flags_the_count() -> None:
     assert page.count("on_retry_callback for try 1 at") == 2
     assert '<td class="off">retry x2 (expected 1 per try)</td>' in page
     assert "bug reproduced (duplicates)" in page
+    assert page.count("2 callbacks (expected 1)") == 1  # try 1's lane says it; try 2's does not
+
+
+def test_html_report_keeps_two_callbacks_of_different_kinds_apart() -> None:
+    """Before 3.3.1 a try gets a retry and a failure callback in the same pass: two marks, not one."""
+    stock = recorded_results()[1]
+    stock.label, stock.fix_enabled = "stock", False
+    stock.marks = [
+        result.Mark(17.0, CB, 1, result.RETRY_CALLBACK),
+        result.Mark(17.0, CB, 1, result.FAILURE_CALLBACK),
+    ]
+
+    svg = html_report._marks_svg(stock.marks, CB, 1, 100, lambda seconds: seconds)
+    page = html_report.render_html([stock])
+
+    triangles = [part for part in svg if part.startswith("<path")]
+    assert len(triangles) == 2 and triangles[0].split('"')[1] != triangles[1].split('"')[1]
+    assert sum(part.startswith("<circle") for part in svg) == 1  # the second is ringed
+    assert "2 callbacks (expected 1)" in page
 
 
 def test_html_report_of_a_recorded_3_3_run_shows_the_duplicates() -> None:
@@ -57,5 +76,6 @@ def test_html_report_of_a_recorded_3_3_run_shows_the_duplicates() -> None:
         for mark in run_result.marks:
             assert f"for try {mark.try_number} at {mark.seconds:.1f} s" in page
     assert len([m for m in stock.marks if m.kind != result.EMAIL]) == 4
+    assert page.count("2 callbacks (expected 1)") == 2  # stock's two lanes; none of fixed's
     assert len([m for m in fixed.marks if m.kind != result.EMAIL]) == 2
     assert "scheduler crashed" not in page

@@ -26,8 +26,9 @@ import psutil
 import pytest
 
 from airflow_heartbeat_fix.demo.result import CALLBACK_DAG_ID, DAG_IDS
-from airflow_heartbeat_fix.demo.topology import KILL_SCHEDULER, KILL_WORKER
+from airflow_heartbeat_fix.demo.topology import HUNG, KILL_SCHEDULER, KILL_WORKER
 from airflow_heartbeat_fix.demo.verdicts import CRASH, DUPLICATES, expected_stock_bug
+from airflow_heartbeat_fix.detection import PURGE_FIX, FixState
 from airflow_heartbeat_fix.support import installed_airflow_version
 from parity.expectations import load
 
@@ -152,6 +153,18 @@ def test_stock_column_reproduces_the_bug(demo_run: dict[str, Any]) -> None:
     else:
         assert stock["reproduced"] is None
     assert stock["reproduced"] is (None if bug is None else True)
+
+
+def test_a_log_line_names_the_fix_for_each_try_it_converged(demo_run: dict[str, Any]) -> None:
+    """The schedulers' logs: one ``converged_heartbeat_purge`` line per try it failed; stock logs none."""
+    runs = demo_run["result"]["runs"]
+    assert runs["stock"]["scheduler"]["actions"] == {}, demo_run["output"]
+    fixed = runs["fixed"]
+    if DEMO_SCENARIO != HUNG:  # a kill fails some tries through other paths (adoption, executor events)
+        return
+    failed = sum(t["state"] == "failed" for dag_id in DAG_IDS for t in fixed["dags"][dag_id]["tries"])
+    expected = failed if fixed["needed_fixes"][PURGE_FIX] == FixState.ACTIVE.value else 0
+    assert fixed["scheduler"]["actions"].get(PURGE_FIX, 0) == expected, demo_run["output"]
 
 
 def test_html_report_has_a_timeline_of_both_runs(demo_run: dict[str, Any]) -> None:

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 import nox
 from nox.command import CommandFailed
-from packaging.version import Version
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -55,7 +54,7 @@ AIRFLOW_VERSIONS = FULL + SWEEP
 NEWEST = FULL[-1]
 #: What ``bash scripts/demo.sh`` runs without ``--airflow``: the newest stable release, so that the demo
 #: shows the bug the releases operators run have (duplicate callbacks), not a beta's (a crash).
-DEMO_DEFAULT = next(v for v in reversed(FULL) if not Version(v).is_prerelease)
+DEMO_DEFAULT = EXPECTATIONS.newest_stable
 DBS = list(EXPECTATIONS.dbs)
 #: stock: AIRFLOW__HEARTBEAT_FIX__ENABLED=False, Airflow as released.
 MODES = list(EXPECTATIONS.modes)

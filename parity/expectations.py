@@ -110,6 +110,11 @@ class Expectations:
         """Every release the suite is run on: the full matrix's, then the sweep's."""
         return self.versions + self.sweep
 
+    @property
+    def newest_stable(self) -> str:
+        """The newest matrix release that is not a pre-release (no letter: ``3.3.2``, not ``3.4.0b2``)."""
+        return next(v for v in reversed(self.versions) if v.replace(".", "").isdigit())
+
     def cells(self) -> list[tuple[str, str, str]]:
         """Every (release, db, mode) the suite runs in: ``versions`` on every db, the sweep on SWEEP_DBS."""
         full = [(v, d, m) for v in self.versions for d in self.dbs for m in self.modes]

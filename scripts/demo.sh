@@ -2,10 +2,11 @@
 # Runs the demo: bash scripts/demo.sh [--airflow V] [DEMO ARGS...]
 #
 # --airflow V picks the environment .venvs/airflow-V, built on first use. The default is the newest
-# stable release the suite runs (noxfile.py's DEMO_DEFAULT): the bug most deployments have, duplicate
-# heartbeat-timeout callbacks. The demo says which release, which bug to expect and about how long
-# before it starts: about 2 minutes for the default (a stock run and a fixed run of about a minute
-# each), more the first time, while the environment is built.
+# stable release the suite runs (noxfile.py's DEMO_DEFAULT: the newest [matrix] version without a
+# letter in parity/expectations.toml), whose bug most deployments have: duplicate heartbeat-timeout
+# callbacks. The demo says which release, which bug to expect and about how long before it starts:
+# about 2 minutes for the default (a stock run and a fixed run of about a minute each), plus the
+# environment's build the first time.
 # Every other argument goes to `airflow-heartbeat-fix demo` (this is `nox -s demo -- ARGS`).
 # With --database postgresql://..., the local PostgreSQL is started first (scripts/postgres.sh).
 # With --executor celery [--schedulers 2] [--scenario S]: the environment .venvs/airflow-V-celery, the

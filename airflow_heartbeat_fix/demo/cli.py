@@ -47,7 +47,16 @@ from airflow_heartbeat_fix.demo.html_report import render_html
 from airflow_heartbeat_fix.demo.result import RunResult, run_from_json, run_to_json, scenario_dag_ids
 from airflow_heartbeat_fix.demo.run import DemoRun
 from airflow_heartbeat_fix.demo.text_report import render_table
-from airflow_heartbeat_fix.demo.topology import EXECUTORS, HUNG, LOCAL, SCENARIOS, Topology, topology_refusal
+from airflow_heartbeat_fix.demo.topology import (
+    EXECUTORS,
+    HUNG,
+    LOCAL,
+    SCENARIOS,
+    Topology,
+    duration_notice,
+    topology_refusal,
+)
+from airflow_heartbeat_fix.demo.verdicts import expectation_notice
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -78,6 +87,8 @@ HOME_ENTRIES = frozenset(
     {HOME_MARKER, LOCK_NAME, "stock", "fixed", "template", "pycache", "probe", "report.html"}
 )
 REPORT_NAME = "report.html"
+#: ``--timeout``: how long a run may take after its trigger.
+DEFAULT_TIMEOUT = 120.0
 
 
 # --- options --------------------------------------------------------------------------------------
@@ -140,7 +151,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--heartbeat-timeout", type=int, default=10, help="seconds (default 10)")
     parser.add_argument("--detection-interval", type=int, default=2, help="seconds (default 2)")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per run after trigger")
+    parser.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per run after trigger (default 120)"
+    )
     parser.add_argument(
         "--settle", type=float, default=6.0, help="seconds to watch for late callbacks (default 6)"
     )
@@ -156,7 +169,14 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="airflow-heartbeat-fix demo",
-        description="Reproduce the heartbeat-timeout bugs with real Airflow components: stock vs fixed.",
+        description="Reproduce the heartbeat-timeout bugs with real Airflow components: stock vs fixed.\n\n"
+        + textwrap.fill(
+            "It runs the Airflow installed in this environment (from a checkout, scripts/demo.sh --airflow "
+            "V picks it; the default is the newest stable release) and says before it starts which bug "
+            "that release should show. With the defaults it takes "
+            f"{duration_notice(Topology(), len(LABELS), DEFAULT_TIMEOUT)}.",
+            width=78,
+        ),
         epilog="exit codes:\n"
         + "\n".join(
             textwrap.fill(text, width=78, initial_indent=f"  {code:<4}", subsequent_indent=" " * 6)
@@ -407,8 +427,10 @@ def _run(config: DemoConfig) -> int:
         f"home {config.home}, Dags from {config.dags_origin}, heartbeat timeout {config.heartbeat_timeout} s",
         file=sys.stderr,
     )
+    print(f"demo: {duration_notice(config.topology, len(config.runs), config.timeout)}", file=sys.stderr)
     try:
         features = probe_features(config)
+        print(f"demo: {expectation_notice(features.get('needed_fixes', {}))}", file=sys.stderr)
         for label in config.runs:
             results.append(DemoRun(config, label, features).execute())
     except KeyboardInterrupt:

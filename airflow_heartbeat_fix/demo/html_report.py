@@ -163,9 +163,9 @@ def _lane_svg(
     repeated = _repeated(result, dag_id, try_number)
     if repeated:  # the whole lane says it, not only the marks: a duplicate is seen at a glance
         parts.append(
-            f'<rect x="{LABEL_WIDTH}" y="{bar_y - LANE_HEIGHT // 2 + 4}" width="{PLOT_WIDTH}" '
-            f'height="{LANE_HEIGHT - 4}" fill="{DUPLICATE_COLOUR}" fill-opacity="0.08"/>'
-            f'<text class="crash" x="{LABEL_WIDTH + PLOT_WIDTH}" y="{bar_y - 10}" text-anchor="end">'
+            f'<rect x="0" y="{bar_y - 20}" width="{LABEL_WIDTH + PLOT_WIDTH}" height="40" '
+            f'fill="{DUPLICATE_COLOUR}" fill-opacity="0.08"/>'
+            f'<text class="crash" x="{LABEL_WIDTH - 10}" y="{bar_y + 18}" text-anchor="end">'
             f"{_esc(repeated)}</text>"
         )
     parts.append(f'<rect x="{LABEL_WIDTH}" y="{bar_y - 6}" width="{PLOT_WIDTH}" height="12" fill="#f7f7f7"/>')

@@ -29,6 +29,18 @@ SCENARIOS = {
     MANY: f"hung, plus {MANY_TASKS} mapped task instances that freeze at once",
 }
 KILLS = (KILL_SCHEDULER, KILL_WORKER)
+#: About how long one run takes, start to stop, by executor and scenario: the runs of tests/e2e/
+#: TOPOLOGIES.md and docs/demo.md on 2 cores (LocalExecutor hung: 63-64 s on 3.3.2; Celery: 75-90 s
+#: hung, 110-260 s with a killed scheduler, 115-175 s with a killed worker, 260-320 s for many).
+TYPICAL_RUN_SECONDS = {
+    (LOCAL, HUNG): 65,
+    (CELERY, HUNG): 90,
+    (CELERY, KILL_SCHEDULER): 180,
+    (CELERY, KILL_WORKER): 150,
+    (CELERY, MANY): 290,
+}
+#: Before the trigger (database, components, Dag parse) and after the runs settle (stopping them).
+SETUP_SECONDS = 30
 
 
 @dataclass(frozen=True)
@@ -161,3 +173,22 @@ def kill_target(scenario: str, tis: list[dict[str, Any]], logs: dict[str, str]) 
     if scenario == KILL_SCHEDULER:
         return scheduler_owning(logs, celery_task_id)
     return worker_owning(logs, celery_task_id)
+
+
+def duration_notice(topology: Topology, runs: int, timeout: float) -> str:
+    """About how long ``runs`` runs of ``topology`` take, and their bound: said before the demo starts."""
+    bound = runs * (SETUP_SECONDS + timeout)
+    typical = TYPICAL_RUN_SECONDS.get((topology.executor, topology.scenario))
+    if typical is None:
+        return (
+            f"at most about {_minutes(bound)} ({runs} run{'s' * (runs > 1)}, --timeout {timeout:.0f} s each)"
+        )
+    return (
+        f"about {_minutes(runs * typical)} ({runs} run{'s' * (runs > 1)} of about {typical} s; at most about "
+        f"{_minutes(bound)} with --timeout {timeout:.0f} s)"
+    )
+
+
+def _minutes(seconds: float) -> str:
+    minutes = max(1, round(seconds / 60))
+    return f"{minutes} minute{'s' * (minutes > 1)}"

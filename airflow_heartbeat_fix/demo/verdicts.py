@@ -45,6 +45,24 @@ def expected_stock_bug(needed_fixes: Mapping[str, str]) -> str | None:
     return None
 
 
+#: What each bug looks like in the demo, said before it starts.
+STOCK_BUG_WORDS = {
+    DUPLICATES: "duplicate callbacks: the scheduler calls each heartbeat-timed-out try back at every scan "
+    "until it leaves running (2 or more per try; before 3.3.1 of the wrong kind)",
+    CRASH: "a scheduler crash: the callback sink ends the scheduler's session, and the timed-out try's "
+    "retry then fails on a UNIQUE constraint",
+}
+#: What the fixed run must show, whatever stock shows.
+FIXED_WORDS = "one callback of the right kind per try"
+
+
+def expectation_notice(needed_fixes: Mapping[str, str]) -> str:
+    """Which bug stock should show here and what the fixed run should do instead: said before it starts."""
+    bug = expected_stock_bug(needed_fixes)
+    stock = STOCK_BUG_WORDS[bug] if bug else "no bug of this demo's (this Airflow has them fixed upstream)"
+    return f"stock should show {stock}; fixed, {FIXED_WORDS}"
+
+
 def all_runs_terminal(dags: Mapping[str, DagOutcome]) -> bool:
     return bool(dags) and all(d.run_state in TERMINAL_RUN_STATES for d in dags.values())
 

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from airflow_heartbeat_fix.demo import cli, config, database, result
-from tests.demo._results import CB, ROOT, converged_result, recorded_results
+from parity.expectations import load
+from tests.demo._results import CB, DUPLICATES_NEEDS, ROOT, converged_result, recorded_results
 
 if TYPE_CHECKING:
     from airflow_heartbeat_fix.demo.result import RunResult
@@ -270,6 +271,8 @@ def test_demo_script_help_builds_nothing_and_names_airflow(tmp_path: Path) -> No
     clone = tmp_path / "clone"
     (clone / "scripts").mkdir(parents=True)
     (clone / "scripts" / "demo.sh").write_text(script.read_text())
+    (clone / "parity").mkdir()
+    (clone / "parity" / "expectations.toml").write_text((ROOT / "parity" / "expectations.toml").read_text())
 
     result = subprocess.run(
         ["bash", str(clone / "scripts" / "demo.sh"), "--help"], capture_output=True, text=True, timeout=20
@@ -277,7 +280,9 @@ def test_demo_script_help_builds_nothing_and_names_airflow(tmp_path: Path) -> No
 
     assert result.returncode == 0, result.stderr
     assert "--airflow V" in result.stdout
-    assert list(clone.iterdir()) == [clone / "scripts"]  # no .venvs: nothing was installed
+    assert "about 2 minutes for the default" in " ".join(result.stdout.split())
+    assert f"Default release today: {load().newest_stable}" in result.stdout
+    assert sorted(clone.iterdir()) == [clone / "parity", clone / "scripts"]  # no .venvs: nothing installed
 
 
 def test_help_lists_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
@@ -348,3 +353,34 @@ def test_report_from_a_file_that_is_no_result_is_one_line(
     (tmp_path / "other.json").write_text('{"something": "else"}', encoding="utf-8")
     assert cli.main(["--report-from", str(tmp_path / "other.json")]) == cli.EXIT_USAGE
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_demo_says_how_long_and_which_bug_before_the_runs_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    said_before_run: list[str] = []
+
+    class NoRun:
+        def __init__(self, demo_config: config.DemoConfig, label: str, features: dict[str, object]) -> None:
+            said_before_run.append(capsys.readouterr().err)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "probe_features", lambda config: {"needed_fixes": dict(DUPLICATES_NEEDS)})
+    monkeypatch.setattr(cli, "DemoRun", NoRun)
+
+    assert cli.main(["--home", str(tmp_path / "home")]) == cli.EXIT_INTERRUPTED
+
+    lines = said_before_run[0].splitlines()
+    assert lines[0].startswith("demo: Airflow ")
+    assert (
+        lines[1]
+        == "demo: about 2 minutes (2 runs of about 65 s; at most about 5 minutes with --timeout 120 s)"
+    )
+    assert lines[2].startswith("demo: stock should show duplicate callbacks: ")
+    assert lines[2].endswith("; fixed, one callback of the right kind per try")
+
+
+def test_help_says_how_long_the_default_demo_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "takes about 2 minutes" in " ".join(capsys.readouterr().out.split())

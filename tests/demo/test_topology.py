@@ -97,3 +97,15 @@ def test_many_scenario_deploys_the_mapped_dag_with_a_worker_slot_per_hung_try() 
     assert int(env["AIRFLOW__CELERY__WORKER_CONCURRENCY"]) * many.workers >= result.MANY_TASKS + 4
     assert int(env["AIRFLOW__CORE__PARALLELISM"]) >= result.MANY_TASKS + 4
     assert topology.kill_target(topology.MANY, [], {}) is None  # nothing is killed in this scenario
+
+
+def test_duration_notice_gives_the_typical_time_and_the_bound() -> None:
+    celery_kill = topology.Topology(executor=topology.CELERY, schedulers=2, scenario=topology.KILL_SCHEDULER)
+    assert topology.duration_notice(topology.Topology(), 2, 120) == (
+        "about 2 minutes (2 runs of about 65 s; at most about 5 minutes with --timeout 120 s)"
+    )
+    assert topology.duration_notice(celery_kill, 1, 300).startswith("about 3 minutes (1 run of about 180 s;")
+    untimed = topology.Topology(executor=topology.LOCAL, scenario=topology.MANY)
+    assert (
+        topology.duration_notice(untimed, 2, 120) == "at most about 5 minutes (2 runs, --timeout 120 s each)"
+    )

@@ -7,7 +7,16 @@ import pytest
 from airflow_heartbeat_fix.demo import logs, result, verdicts
 from airflow_heartbeat_fix.demo.result import DagOutcome, SchedulerOutcome, TryRow
 from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX
-from tests.demo._results import ACTIVE, CB, DUPLICATES_NEEDS, NOT_NEEDED, RETRY, UNSUPPORTED, converged_result
+from tests.demo._results import (
+    ACTIVE,
+    CB,
+    CRASH_NEEDS,
+    DUPLICATES_NEEDS,
+    NOT_NEEDED,
+    RETRY,
+    UNSUPPORTED,
+    converged_result,
+)
 
 
 @pytest.mark.parametrize(
@@ -96,3 +105,9 @@ def test_many_scenario_counts_one_callback_per_map_index() -> None:
     outcome.per_map_index = {0: 1, 1: 1, 2: 1}
     assert verdicts.many_problems(outcome, 3) == []
     assert verdicts.many_problems(None, 3) == [f"{result.MANY_DAG_ID}: no Dag run"]
+
+
+def test_expectation_notice_names_the_bug_the_probe_expects() -> None:
+    assert verdicts.expectation_notice(DUPLICATES_NEEDS).startswith("stock should show duplicate callbacks")
+    assert verdicts.expectation_notice(CRASH_NEEDS).startswith("stock should show a scheduler crash")
+    assert verdicts.expectation_notice({}).startswith("stock should show no bug of this demo's")

@@ -6,7 +6,7 @@ import pytest
 
 from airflow_heartbeat_fix.demo import logs, result, verdicts
 from airflow_heartbeat_fix.demo.result import DagOutcome, SchedulerOutcome, TryRow
-from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX
+from airflow_heartbeat_fix.detection import NESTED_FIX, PURGE_FIX, SINK_FIX
 from tests.demo._results import (
     ACTIVE,
     CB,
@@ -111,3 +111,5 @@ def test_expectation_notice_names_the_bug_the_probe_expects() -> None:
     assert verdicts.expectation_notice(DUPLICATES_NEEDS).startswith("stock should show duplicate callbacks")
     assert verdicts.expectation_notice(CRASH_NEEDS).startswith("stock should show a scheduler crash")
     assert verdicts.expectation_notice({}).startswith("stock should show no bug of this demo's")
+    with_listener = verdicts.expectation_notice({**DUPLICATES_NEEDS, NESTED_FIX: ACTIVE}, listener=True)
+    assert with_listener.startswith("stock should show a scheduler crash (DetachedInstanceError)")

@@ -57,3 +57,17 @@ def test_every_description_of_the_package_is_pyprojects() -> None:
     assert summary() == description
     assert cli._parser().description == description
     assert provider_info.get_provider_info()["description"] == description
+
+
+#: The longest a module of the package or of its test support may grow before it is split by what it does.
+MAX_MODULE_LINES = 450
+
+
+def test_no_module_of_the_package_or_its_test_support_is_over_the_limit() -> None:
+    long = {
+        str(path.relative_to(ROOT)): lines
+        for tree in ("airflow_heartbeat_fix", "testing")
+        for path in sorted((ROOT / tree).rglob("*.py"))
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}

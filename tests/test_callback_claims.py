@@ -1,0 +1,130 @@
+"""
+PROTOTYPE (issue 33, phase 1): the per-request claim of ``airflow_heartbeat_fix.callback_claims`` on the
+real ``callback_request`` / ``callback`` table, against a claimer in another process that is SIGKILLed
+while it holds a request (its lock must die with it, and the next claim must count a second attempt).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from airflow import settings
+from airflow.callbacks.callback_requests import DagCallbackRequest
+from airflow.callbacks.database_callback_sink import DatabaseCallbackSink
+from airflow.models.db_callback_request import DbCallbackRequest
+from airflow.utils.session import create_session
+from sqlalchemy import delete, select
+
+from airflow_heartbeat_fix.callback_claims import ATTEMPTS_KEY, Claims, Payload
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+pytestmark = [pytest.mark.db_test, pytest.mark.mode_independent]
+
+
+def _url() -> str:
+    assert settings.engine is not None
+    return settings.engine.url.render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def stored() -> Iterator[list[Any]]:
+    """Two Dag callback requests, stored by Airflow's own sink; their row ids."""
+    with create_session() as session:
+        session.execute(delete(DbCallbackRequest))
+    for run_id in ("a", "b"):
+        request = DagCallbackRequest(
+            filepath="f.py", bundle_name="dags-folder", bundle_version=None, dag_id="d", run_id=run_id
+        )
+        DatabaseCallbackSink().send(request)
+    with create_session() as session:
+        ids = list(session.scalars(select(DbCallbackRequest.id)))
+    yield ids
+    with create_session() as session:
+        session.execute(delete(DbCallbackRequest))
+
+
+@pytest.fixture
+def claims() -> Iterator[Claims]:
+    own = Claims(_url(), DbCallbackRequest.__table__)
+    yield own
+    own.close()
+
+
+def _remaining() -> list[Any]:
+    with create_session() as session:
+        rows = session.scalars(select(DbCallbackRequest)).all()
+        return [(row.id, row.get_callback_request().run_id) for row in rows]
+
+
+def _holder(row_id: Any) -> subprocess.Popen[str]:
+    """Another process that claims ``row_id`` and holds it (as a file processor running its callback)."""
+    code = textwrap.dedent(
+        f"""
+        import sys, time, uuid
+        from airflow import settings
+        from airflow.models.db_callback_request import DbCallbackRequest
+        from airflow_heartbeat_fix.callback_claims import Claims
+        raw = {str(row_id)!r}
+        row_id = uuid.UUID(raw) if "-" in raw else int(raw)
+        url = settings.engine.url.render_as_string(hide_password=False)
+        claims = Claims(url, DbCallbackRequest.__table__)
+        held = claims.claim(row_id)
+        print(held.attempt if held else "none", flush=True)
+        time.sleep(600)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "1"
+    return proc
+
+
+def test_done_deletes_only_its_request(stored: list[Any], claims: Claims) -> None:
+    first, second = stored
+    with claims.holding(first) as held:
+        assert held is not None and held.attempt == 1
+    assert [row_id for row_id, _ in _remaining()] == [second]
+    assert claims.claim(first) is None  # gone
+
+
+def test_a_live_holder_is_skipped_and_a_dead_ones_request_runs_again(
+    stored: list[Any], claims: Claims
+) -> None:
+    first, second = stored
+    holder = _holder(first)
+    try:
+        assert claims.claim(first) is None  # another live process runs it
+        with claims.holding(second) as held:  # the rest is not blocked
+            assert held is not None and held.attempt == 1
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        with claims.holding(first) as held:  # dead: its request is back, and says it ran before
+            assert held is not None and held.attempt == 2
+    finally:
+        holder.kill()
+        holder.wait()
+    assert _remaining() == []
+
+
+def test_attempts_are_invisible_to_airflow(stored: list[Any], claims: Claims) -> None:
+    """The stock Dag processor still parses a request whose payload carries the attempt count."""
+    first, _ = stored
+    held = claims.claim(first)
+    assert held is not None
+    claims.release(held)
+    with create_session() as session:
+        row = session.get(DbCallbackRequest, first)
+        payload = Payload.of(DbCallbackRequest.__table__)
+        value = row.callback_data if payload.holds_string else row.data
+        assert payload.attempts(value) == 1 and ATTEMPTS_KEY in str(value)
+        assert row.get_callback_request().run_id in ("a", "b")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 
+from airflow_heartbeat_fix.dag_processor_prototype import FETCHED
 from airflow_heartbeat_fix.demo.processes import Component
 from testing.environment import command_env
 from testing.scheduler import make_stale, new_runner, purge_pass
@@ -182,7 +183,11 @@ def start_dag_processor(name: str, home: Path, *, fix_enabled: bool, **config: s
     (home / "tmp").mkdir(parents=True, exist_ok=True)
     database_url = settings.engine.url.render_as_string(hide_password=False)
     env = dag_processor_env(home, database_url, fix_enabled=fix_enabled, **config)
-    argv = [str(Path(sys.executable).with_name("airflow")), "dag-processor"]
+    # Phase 1: the fix is a prototype, not activated by the airflow.policy hook yet; its launcher runs
+    # ``airflow dag-processor`` with it installed.
+    launcher = ["-m", "airflow_heartbeat_fix.dag_processor_prototype"] if fix_enabled else None
+    airflow = [sys.executable, *launcher] if launcher else [str(Path(sys.executable).with_name("airflow"))]
+    argv = [*airflow, "dag-processor"]
     return Component.start(name, argv, env, home / f"{name}.log", cwd=home)
 
 
@@ -249,7 +254,7 @@ class DagProcessorKill:
 def _wait_for_kill_moment(processor: Component, at: KillAt, record: Path, stored: int) -> None:
     deadline = time.monotonic() + FETCH_TIMEOUT
     while time.monotonic() < deadline:
-        if at is KillAt.FETCH and stored_requests() < stored:
+        if at is KillAt.FETCH and (stored_requests() < stored or FETCHED in processor.read_log()):
             return
         if at is KillAt.FIRST_CALLBACK and Ran.read(record).started:
             return

@@ -154,3 +154,27 @@ class TestBatchIsolation:
 
         print(f"started {dict(ran.started)}, done {dict(ran.done)}")
         assert ran.done == dict.fromkeys(TASKS, 1)
+
+    @pytest.mark.timeout(300)
+    def test_timed_out_batch_drops_none(
+        self, dag_maker: DagMaker, session: Session, tmp_path: Path, dags: Path
+    ) -> None:
+        """
+        Three 5 s callbacks in one batch, ``dag_file_processor_timeout`` 8 s: the file processor is killed
+        ("Killing it!") during the second. Every callback finishes once; the one running at each kill may
+        start again (stock: the rest of the batch is lost).
+        """
+        write_dag_file(dags)
+        tis = _hung_tries(dag_maker, session, dags)
+
+        ran = run_batch(
+            tis,
+            session,
+            home=tmp_path,
+            fix_enabled=is_enabled(),
+            AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT="8",
+        )
+
+        print(f"started {dict(ran.started)}, done {dict(ran.done)}")
+        assert ran.done == dict.fromkeys(TASKS, 1)
+        assert sum(ran.started.values()) <= 2 * len(TASKS)

@@ -47,14 +47,20 @@ __all__ = [
     "Stats",
     "airflow_cli_main",
     "airflow_console",
+    "callback_request_model",
     "create_session_cell",
     "dag_for_run",
+    "dag_processor_command",
     "dag_processor_execute_callbacks",
+    "dag_processor_manager_class",
     "database_callback_sink_module",
     "dbapi_connection",
     "default_executor",
     "ensure_plugins_loaded",
+    "file_processor_module",
+    "file_processors_use_exec",
     "listener_manager_class",
+    "metadata_engine",
     "metastore_backend_class",
     "scheduler_command_module",
     "scheduler_executors",
@@ -236,3 +242,55 @@ def airflow_cli_main() -> Callable[[], Any]:
     from airflow.__main__ import main
 
     return main
+
+
+def dag_processor_command() -> Any:
+    """The ``airflow dag-processor`` command's module: it names ``DagFileProcessorManager`` (all releases)."""
+    from airflow.cli.commands import dag_processor_command as command
+
+    return command
+
+
+def dag_processor_manager_class() -> type:
+    """Airflow's own ``DagFileProcessorManager`` (the class the command module imported)."""
+    from airflow.dag_processing.manager import DagFileProcessorManager
+
+    return DagFileProcessorManager
+
+
+def file_processor_module() -> Any:
+    """
+    ``airflow.dag_processing.processor``: the file processor's ``_parse_file`` and ``_execute_callbacks``
+    (module functions, looked up by name when the forked child calls them) and ``DagFileProcessorProcess``.
+    """
+    from airflow.dag_processing import processor
+
+    return processor
+
+
+def file_processors_use_exec() -> bool:
+    """
+    Whether a file processor is a fresh interpreter rather than a fork (3.4 on macOS: the Task SDK's
+    private ``_should_use_exec``); False where the Task SDK has no such choice (every fork-only release).
+    """
+    from airflow.sdk.execution_time import supervisor
+
+    should_use_exec = getattr(supervisor, "_should_use_exec", None)
+    return bool(should_use_exec()) if should_use_exec is not None else False
+
+
+def callback_request_model() -> Any:
+    """
+    The ORM class of a stored Dag processor callback request: ``DbCallbackRequest`` (table
+    ``callback_request`` up to 3.1; from 3.2 the ``dag_processor`` rows of ``callback``).
+    """
+    from airflow.models.db_callback_request import DbCallbackRequest
+
+    return DbCallbackRequest
+
+
+def metadata_engine() -> Any:
+    """The process's engine on the metadata database (the manager's, inherited by its forked children)."""
+    if settings.engine is None:
+        raise RuntimeError("Airflow's ORM is not configured (settings.engine is None)")
+    return settings.engine

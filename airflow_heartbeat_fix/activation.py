@@ -1,10 +1,13 @@
 """
 Turn the fixes on in this process, and off again.
 
-:func:`install` swaps the scheduler command's ``SchedulerJobRunner`` for a subclass with the active
-fixes and, when the sink fix is active, Airflow's ``DatabaseCallbackSink`` for the session-preserving
-subclass. :func:`uninstall` puts the originals back. What is active comes from
-:func:`~airflow_heartbeat_fix.detection.decide` on the unpatched classes and ``[heartbeat_fix] enabled``.
+``install(target=SCHEDULER)`` swaps the scheduler command's ``SchedulerJobRunner`` for a subclass with the
+active fixes and, when the sink fix is active, Airflow's ``DatabaseCallbackSink`` for the
+session-preserving subclass. ``install(target=DAG_PROCESSOR)`` swaps the Dag processor command's
+``DagFileProcessorManager`` for a subclass and the file processor's ``_execute_callbacks`` (and, where the
+inflation check drops callbacks, ``_parse_file``) for the package's. :func:`uninstall` puts the originals
+back, of every target. What is active comes from :func:`~airflow_heartbeat_fix.detection.decide` on the
+unpatched code and ``[heartbeat_fix] enabled``.
 
 Like sentry's and ddtrace's integrations: the automatic path (the ``airflow.policy`` import hook) logs a
 failure and leaves Airflow as it is; the explicit path (``airflow-heartbeat-fix scheduler``) raises.
@@ -23,17 +26,25 @@ from airflow_heartbeat_fix import support
 from airflow_heartbeat_fix.config_check import SECTION as CONFIG_SECTION
 from airflow_heartbeat_fix.config_check import config_warnings
 from airflow_heartbeat_fix.detection import (
+    DAG_PROCESSOR,
     FIX_TITLES,
     FIXES,
     NESTED_FIX,
+    SCHEDULER,
     SINK_FIX,
+    TARGET_FIXES,
+    TARGET_LABELS,
+    TARGETS,
     FixDecision,
     FixState,
     decide,
 )
 from airflow_heartbeat_fix.facts import (
     AirflowFacts,
+    DagProcessorCode,
     SessionCode,
+    processor_runs_task_callbacks,
+    read_dag_processor_facts,
     read_facts,
 )
 from airflow_heartbeat_fix.logs import fix_logger
@@ -118,11 +129,52 @@ def _session_code() -> SessionCode:
     )
 
 
-def facts() -> AirflowFacts:
+@functools.cache
+def _dag_processor_originals() -> dict[str, Any]:
+    """The Dag processor's own code, captured before anything here replaces it."""
+    from airflow_heartbeat_fix import _compat
+
+    processor = _compat.file_processor_module()
+    return {
+        "manager": _compat.dag_processor_manager_class(),
+        "execute_callbacks": processor._execute_callbacks,
+        "parse_file": processor._parse_file,
+    }
+
+
+def _dag_processor_code() -> DagProcessorCode:
+    from airflow_heartbeat_fix import _compat
+
+    originals = _dag_processor_originals()
+    return DagProcessorCode(
+        manager_cls=originals["manager"],
+        callback_columns=tuple(_compat.callback_request_model().__table__.columns.keys()),
+        file_processor_start=_compat.file_processor_module().DagFileProcessorProcess.start,
+        should_use_exec=_compat.file_processors_use_exec,
+        execute_callbacks=originals["execute_callbacks"],
+        parse_file=originals["parse_file"],
+    )
+
+
+def facts(targets: tuple[str, ...] = TARGETS) -> AirflowFacts:
+    """
+    What Airflow's code says, for the fixes of ``targets``: a Dag processor reads nothing of the scheduler
+    (its facts then stand in, never decided), a scheduler nothing of the Dag processor.
+    """
     from airflow import __version__ as airflow_version
 
     from airflow_heartbeat_fix._compat import dag_processor_execute_callbacks
 
+    processor_code = _dag_processor_code() if DAG_PROCESSOR in targets else None
+    if SCHEDULER not in targets:
+        assert processor_code is not None
+        return AirflowFacts(
+            airflow_version,
+            None,
+            None,
+            processor_runs_task_callbacks=processor_runs_task_callbacks(processor_code.execute_callbacks),
+            dag_processor=read_dag_processor_facts(processor_code),
+        )
     originals = _originals()
     return read_facts(
         version=airflow_version,
@@ -130,34 +182,48 @@ def facts() -> AirflowFacts:
         runner_cls=originals["runner"],
         session_code=_session_code(),
         execute_callbacks=dag_processor_execute_callbacks(),
+        dag_processor=processor_code,
     )
 
 
 #: How the start line and ``status`` say the operator switched the fixes off.
 OFF_BY_CONFIGURATION = f"off by configuration ([{CONFIG_SECTION}] enabled = False)"
-STOCK_CLASSES = "the scheduler runs Airflow's own classes"
+
+
+def stock_classes(target: str = SCHEDULER) -> str:
+    return f"the {TARGET_LABELS[target]} runs Airflow's own classes"
+
+
+STOCK_CLASSES = stock_classes()
 
 
 def summary(
-    decided: dict[str, FixDecision], version: str, problem: str | None = None, *, switched_off: bool = False
+    decided: dict[str, FixDecision],
+    version: str,
+    problem: str | None = None,
+    *,
+    switched_off: bool = False,
+    target: str = SCHEDULER,
 ) -> str:
     """
-    The one line the scheduler logs at start: each fix's state (an unsupported one with its reason), or
-    the single reason nothing is patched, after "off by configuration" if the operator said so; then the
-    configuration problem, if any.
+    The one line a process of ``target`` logs at start: each of its fixes' state (an unsupported one with
+    its reason), or the single reason nothing is patched, after "off by configuration" if the operator said
+    so; then the configuration problem, if any. The scheduler's line names no target (it came first).
     """
-    states = {d.state for d in decided.values()}
-    reasons = {d.reason for d in decided.values()}
+    own = {fix: decided[fix] for fix in TARGET_FIXES[target] if fix in decided}
+    states = {d.state for d in own.values()}
+    reasons = {d.reason for d in own.values()}
     if states == {FixState.UNSUPPORTED} and len(reasons) == 1:
-        body = f"{reasons.pop()}; {STOCK_CLASSES}"
+        body = f"{reasons.pop()}; {stock_classes(target)}"
     else:
         body = "; ".join(
             f"{fix}: {d.state.value}" + (f" ({d.reason})" if d.state is FixState.UNSUPPORTED else "")
-            for fix, d in ((fix, decided[fix]) for fix in FIXES)
+            for fix, d in own.items()
         )
         if switched_off:
-            body = f"{OFF_BY_CONFIGURATION}; {STOCK_CLASSES} ({body})"
-    line = f"airflow-heartbeat-fix on Airflow {version}: {body}"
+            body = f"{OFF_BY_CONFIGURATION}; {stock_classes(target)} ({body})"
+    where = "" if target == SCHEDULER else f" ({TARGET_LABELS[target]})"
+    line = f"airflow-heartbeat-fix on Airflow {version}{where}: {body}"
     return f"{line} ({problem})" if problem else line
 
 
@@ -170,25 +236,34 @@ def not_applied(decided: dict[str, FixDecision]) -> list[FixDecision]:
     return [d for d in decided.values() if d.state is FixState.UNSUPPORTED]
 
 
-def outside_range(reason: str) -> dict[str, FixDecision]:
+def outside_range(reason: str, fixes: tuple[str, ...] = FIXES) -> dict[str, FixDecision]:
     """Every fix unsupported with the one out-of-range reason: decided without reading Airflow's code."""
-    return {fix: FixDecision(fix, FixState.UNSUPPORTED, reason) for fix in FIXES}
+    return {fix: FixDecision(fix, FixState.UNSUPPORTED, reason) for fix in fixes}
 
 
-def _failed(decided: dict[str, FixDecision], exc: BaseException) -> dict[str, FixDecision]:
+def _failed(
+    decided: dict[str, FixDecision], exc: BaseException, fixes: tuple[str, ...] = FIXES
+) -> dict[str, FixDecision]:
     """Every fix that was to be applied, reported unsupported with the error that stopped it."""
     why = f"could not be applied ({one_line(exc)}); left unpatched"
-    failed = {fix: FixDecision(fix, FixState.UNSUPPORTED, why) for fix in FIXES}
-    return {**failed, **{fix: d for fix, d in decided.items() if d.state is not FixState.ACTIVE}}
+    failed = {fix: FixDecision(fix, FixState.UNSUPPORTED, why) for fix in fixes}
+    return {
+        **failed,
+        **{fix: d for fix, d in decided.items() if d.state is not FixState.ACTIVE and fix in failed},
+    }
 
 
 @dataclass
 class _Installed:
+    """What :func:`install` did for one target: its decisions, and every patch with what it replaced."""
+
+    target: str = SCHEDULER
     decided: dict[str, FixDecision] = field(default_factory=dict)
     patched: list[tuple[object, str, Any]] = field(default_factory=list)
 
 
-_installed: _Installed | None = None
+#: One entry per target installed in this process (a process normally runs one command).
+_installed: dict[str, _Installed] = {}
 
 
 def _patch(target: object, name: str, value: Any, into: _Installed) -> None:
@@ -197,48 +272,60 @@ def _patch(target: object, name: str, value: Any, into: _Installed) -> None:
     setattr(target, name, value)
 
 
-def install(*, raise_errors: bool = False) -> dict[str, FixDecision]:
+def install(*, target: str = SCHEDULER, raise_errors: bool = False) -> dict[str, FixDecision]:
     """
-    Activate the fixes this installation needs; idempotent; returns what was decided and applied.
+    Activate the fixes of ``target`` this installation needs; idempotent; returns what was decided (for
+    ``target``'s fixes) and applied.
 
     ``raise_errors=False`` (automatic activation) logs a failure and leaves Airflow unpatched;
     ``raise_errors=True`` (explicit activation) raises :class:`ActivationError` instead.
     """
-    global _installed
-    if _installed is not None:
-        return _installed.decided
-    # Claimed before patching: importing the scheduler command below re-enters through the import hook.
-    _installed = state = _Installed()
+    if target in _installed:
+        return _installed[target].decided
+    # Claimed before patching: importing the command below re-enters through the import hook.
+    _installed[target] = state = _Installed(target)
+    own = TARGET_FIXES[target]
     in_range = support.check()
     if refusal := in_range.refusal:
-        state.decided = outside_range(refusal)
-        _say(logging.WARNING, summary(state.decided, str(in_range.airflow_version)))
+        state.decided = outside_range(refusal, own)
+        _say(logging.WARNING, summary(state.decided, str(in_range.airflow_version), target=target))
         return state.decided
     decided: dict[str, FixDecision] = {}
     version, problem, switched_off = in_range.airflow_version or "?", None, False
     try:
         switch = read_switch()
         problem, switched_off = switch.problem, not switch.enabled
-        found = facts()
+        found = facts((target,))
         version = found.version
-        decided = decide(found, enabled=switch.enabled)
+        decided = {fix: d for fix, d in decide(found, enabled=switch.enabled).items() if fix in own}
         active = tuple(fix for fix, decision in decided.items() if decision.state is FixState.ACTIVE)
         if active:
-            _apply(active, state)
+            (_apply if target == SCHEDULER else _apply_dag_processor)(active, state)
     except Exception as exc:
-        uninstall()
+        uninstall(target)
         if raise_errors:
             raise ActivationError(f"airflow-heartbeat-fix could not be activated: {one_line(exc)}") from exc
         fix_logger().debug("airflow-heartbeat-fix could not be activated", exc_info=True)
-        decided = _failed(decided, exc)
-        _say(logging.WARNING, summary(decided, version, problem))
+        decided = _failed(decided, exc, own)
+        _say(logging.WARNING, summary(decided, version, problem, target=target))
         return decided
     state.decided = decided
     worst = logging.WARNING if problem or (not_applied(decided) and not switched_off) else logging.INFO
-    _say(worst, summary(decided, version, problem, switched_off=switched_off))
+    _say(worst, summary(decided, version, problem, switched_off=switched_off, target=target))
     for warning in config_warnings():
         _say(logging.WARNING, f"airflow-heartbeat-fix: {warning}")
     return decided
+
+
+def _apply_dag_processor(active: tuple[str, ...], state: _Installed) -> None:
+    from airflow_heartbeat_fix import _compat
+    from airflow_heartbeat_fix.dag_processor import build_manager_class, file_processor_patches
+
+    originals = _dag_processor_originals()
+    manager = build_manager_class(active, base=originals["manager"])
+    _patch(_compat.dag_processor_command(), "DagFileProcessorManager", manager, state)
+    for target, name, value in file_processor_patches(active, originals):
+        _patch(target, name, value, state)
 
 
 def _apply(active: tuple[str, ...], state: _Installed) -> None:
@@ -258,33 +345,36 @@ def _apply(active: tuple[str, ...], state: _Installed) -> None:
         _patch(database_callback_sink_module(), "DatabaseCallbackSink", SessionPreservingCallbackSink, state)
 
 
-def uninstall() -> None:
-    """Restore Airflow's own classes; idempotent."""
-    global _installed
-    if _installed is None:
-        return
-    for module, name, original in reversed(_installed.patched):
-        setattr(module, name, original)
-    _installed = None
+def uninstall(target: str | None = None) -> None:
+    """Restore Airflow's own code, of ``target`` (default: every target installed); idempotent."""
+    for installed in [_installed.pop(t) for t in list(_installed) if target in (None, t)][::-1]:
+        for module, name, original in reversed(installed.patched):
+            setattr(module, name, original)
 
 
 def dry_run() -> dict[str, FixDecision]:
     """
-    What a scheduler started now would run: the same activation, then undone.
+    What a scheduler and a Dag processor started now would run: the same activations, then undone.
 
     Import and compatibility failures surface here as ``unsupported`` with the error, exactly as the
-    scheduler would meet them. If this process already runs the fixes, that state is reported as is.
+    processes would meet them. A target this process already runs the fixes of is reported as it is.
     """
     global _quiet
-    if _installed is not None:
-        return _installed.decided
+    decided: dict[str, FixDecision] = {}
     _quiet = True
     try:
-        _load_plugins()  # as the scheduler does when it starts: a plugin may replace what the fixes patch
-        return install()
+        _load_plugins()  # as the processes do when they start: a plugin may replace what the fixes patch
+        for target in TARGETS:
+            if target in _installed:
+                decided.update(_installed[target].decided)
+                continue
+            try:
+                decided.update(install(target=target))
+            finally:
+                uninstall(target)
     finally:
-        uninstall()
         _quiet = False
+    return {fix: decided[fix] for fix in FIXES if fix in decided}
 
 
 def _load_plugins() -> None:
@@ -296,9 +386,20 @@ def _load_plugins() -> None:
         fix_logger().debug("loading the plugins failed", exc_info=True)
 
 
+def target_of(fix: str) -> str:
+    return next(target for target, fixes in TARGET_FIXES.items() if fix in fixes)
+
+
 def describe(decided: dict[str, FixDecision]) -> list[dict[str, str]]:
     """One row per fix, for ``airflow-heartbeat-fix status``."""
     rows = [decided[fix] for fix in FIXES if fix in decided]
     return [
-        {"fix": d.fix, "state": d.state.value, "reason": d.reason, "title": FIX_TITLES[d.fix]} for d in rows
+        {
+            "fix": d.fix,
+            "process": TARGET_LABELS[target_of(d.fix)],
+            "state": d.state.value,
+            "reason": d.reason,
+            "title": FIX_TITLES[d.fix],
+        }
+        for d in rows
     ]

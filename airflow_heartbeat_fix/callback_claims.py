@@ -1,31 +1,34 @@
 """
-PROTOTYPE (issue 33, phase 1; not wired into activation): a Dag processor callback request claimed by
-the process that runs its callback, and deleted only once the callback has run.
+A Dag processor callback request claimed by the process that runs its callback, and deleted only once the
+callback has run: the database side of ``claimed_callback_delivery``.
 
 Stock Airflow deletes a request when the Dag processor's manager *fetches* it and then holds it in memory
 until a file processor runs it: a manager or file processor that dies in between loses it for good. Here
 the manager only reads the request (and leaves it stored); the file processor that runs it claims it
-first, per request, in two short transactions on a connection of its own:
+first, per request, in two short transactions on its own connection:
 
 1. *mark*: lock the row (``FOR UPDATE SKIP LOCKED``: a row another live process is running is skipped),
    add one to the attempt count kept in the row's own payload, commit. The count says how many processes
    started it; more than one means an earlier one died while running it.
-2. *hold*: lock the row again (``SKIP LOCKED``) only if the count is still this attempt's; keep that
+2. *hold*: lock the row again (``SKIP LOCKED``) only if the count is still this attempt's, and keep that
    transaction open while the callback runs; delete the row and commit when it has run (or failed in its
    own code). The lock dies with the process's connection, so a dead process's request is visible again.
 
 Between 1 and 2 another process may take the row (it then sees this attempt's count and runs the next
-one); this process's step 2 then finds another count and skips: the request still runs once, but the
-other process counts it as a rerun.
+attempt); step 2 here then finds another count and skips: the request still runs once, but the other
+process counts a rerun that was none.
 
 SQLite has no row locks: there a byte-range lock (``fcntl.lockf``) on a file beside the database, held
-from step 1 to the delete, does what the row lock does (SQLite's processes share one host); the kernel
-releases it when the process dies.
+from step 1 to the delete, does what the row lock does (SQLite's processes share one host), and no
+transaction stays open while the callback runs (it would hold SQLite's write lock against the scheduler).
+The kernel releases the byte-range lock when the process dies.
+
+The attempt count is a key of the payload Airflow parses with pydantic's default (``extra="ignore"``): the
+stock Dag processor does not see it, so no schema change is needed and a rolling upgrade is safe.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -33,12 +36,9 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import create_engine, delete, select, update
-from sqlalchemy.pool import NullPool
+from sqlalchemy import delete, select, text, update
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from sqlalchemy.engine import Connection, Engine
     from sqlalchemy.sql.schema import Column, Table
 
@@ -63,12 +63,19 @@ class Payload:
 
     def attempts(self, value: Any) -> int:
         data = json.loads(value) if self.holds_string else value
-        return int(data.get(ATTEMPTS_KEY, 0))
+        return int(data.get(ATTEMPTS_KEY, 0)) if isinstance(data, dict) else 0
 
     def with_attempts(self, value: Any, attempts: int) -> Any:
         data = json.loads(value) if self.holds_string else dict(value)
         data[ATTEMPTS_KEY] = attempts
         return json.dumps(data) if self.holds_string else data
+
+
+def lock_file_of(engine: Engine) -> str | None:
+    """The file whose byte ranges stand for SQLite's row locks; ``None`` on a database with row locks."""
+    if engine.dialect.name != "sqlite":
+        return None
+    return f"{engine.url.database}.heartbeat-fix-callbacks.lock"
 
 
 def _lock_offset(row_id: Any) -> int:
@@ -77,34 +84,83 @@ def _lock_offset(row_id: Any) -> int:
     return number & ((1 << 62) - 1)
 
 
+def held_elsewhere(lock_file: str, row_ids: list[Any]) -> set[Any]:
+    """
+    SQLite: the requests whose byte-range lock another process holds (a file processor running them, of
+    any Dag processor on this host). The file is opened and closed here: closing a file releases *every*
+    ``lockf`` lock of the closing process on it, so a descriptor kept open would be inherited by the file
+    processors the caller forks, and their closing it would drop their claims.
+    """
+    if not row_ids or not os.path.exists(lock_file):
+        return set()
+    held = set()
+    fd = os.open(lock_file, os.O_RDWR)
+    try:
+        for row_id in row_ids:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _lock_offset(row_id), os.SEEK_SET)
+            except OSError:
+                held.add(row_id)
+            else:
+                fcntl.lockf(fd, fcntl.LOCK_UN, 1, _lock_offset(row_id), os.SEEK_SET)
+    finally:
+        os.close(fd)
+    return held
+
+
 @dataclass
 class Claimed:
     """A request this process holds: run its callback, then :meth:`Claims.done` (or let the process die)."""
 
     row_id: Any
     attempt: int
-    connection: Connection | None
-    transaction: Any
+    #: The open transaction holding the row lock (``None`` on SQLite, where the file lock holds it).
+    transaction: Any = None
+
+
+class ClaimLost(Exception):
+    """The connection holding a claim broke before the request was deleted: it may run again."""
 
 
 class Claims:
-    """One file processor's claims, on its own connection (the manager's pool is not fork-safe)."""
+    """
+    One file processor's claims, on one connection of its own for the whole batch.
 
-    def __init__(self, url: str, table: Table, *, lock_file: str | None = None) -> None:
-        self._engine: Engine = create_engine(url, poolclass=NullPool)
+    ``engine``: the manager's engine, inherited through the fork; :meth:`open` gives the child a pool of
+    its own (``dispose(close=False)`` leaves the manager's connections alone, as SQLAlchemy prescribes
+    after a fork) so that Airflow's connection arguments and event handlers (TLS, SQLite's pragmas) apply.
+    """
+
+    def __init__(self, engine: Engine, table: Table) -> None:
+        self._engine = engine
         self._table = table
         self._payload = Payload.of(table)
-        self._sqlite = self._engine.dialect.name == "sqlite"
+        self._lock_file = lock_file_of(engine)
         self._lock_fd: int | None = None
-        if self._sqlite:
-            path = lock_file or f"{self._engine.url.database}.heartbeat-fix-callbacks.lock"
-            self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._connection: Connection | None = None
+
+    def open(self) -> None:
+        self._engine.dispose(close=False)
+        self._connection = self._engine.connect()
+        if self._lock_file is not None:
+            self._lock_fd = os.open(self._lock_file, os.O_RDWR | os.O_CREAT, 0o600)
 
     def close(self) -> None:
-        self._engine.dispose()
+        if self._connection is not None:
+            try:
+                self._connection.close()
+            finally:
+                self._connection = None
+                self._engine.dispose()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases every lockf lock of this process on the file
             self._lock_fd = None
+
+    @property
+    def connection(self) -> Connection:
+        if self._connection is None:
+            raise RuntimeError("Claims.open() was not called")
+        return self._connection
 
     # -- SQLite: the byte-range lock ------------------------------------------------------------------
 
@@ -123,18 +179,19 @@ class Claims:
 
     # -- the two steps ---------------------------------------------------------------------------------
 
-    def _locked_row(self, connection: Connection, row_id: Any) -> Any:
+    def _locked_row(self, row_id: Any) -> Any:
         query = select(self._table.c.id, self._payload.column).where(self._table.c.id == row_id)
-        if not self._sqlite:
+        if self._lock_fd is None:
             query = query.with_for_update(skip_locked=True)
-        return connection.execute(query).first()
+        return self.connection.execute(query).first()
 
     def claim(self, row_id: Any) -> Claimed | None:
         """The request, held by this process; ``None`` if it is gone or another live process runs it."""
         if not self._file_lock(row_id):
             return None
-        with self._engine.begin() as connection:  # step 1: mark
-            row = self._locked_row(connection, row_id)
+        connection = self.connection
+        with connection.begin():  # step 1: mark
+            row = self._locked_row(row_id)
             if row is None:
                 self._file_unlock(row_id)
                 return None
@@ -144,46 +201,54 @@ class Claims:
                 .where(self._table.c.id == row_id)
                 .values({self._payload.column.key: self._payload.with_attempts(row[1], attempt)})
             )
-        if self._sqlite:  # the file lock holds it; no transaction stays open while the callback runs
-            return Claimed(row_id, attempt, None, None)
-        connection = self._engine.connect()  # step 2: hold
-        transaction = connection.begin()
-        row = self._locked_row(connection, row_id)
+        if self._lock_fd is not None:  # the file lock holds it; no transaction stays open meanwhile
+            return Claimed(row_id, attempt)
+        transaction = connection.begin()  # step 2: hold
+        if connection.dialect.name == "postgresql":
+            # A callback may run for minutes inside this transaction: a server-side idle limit would end
+            # it (and free the lock while the callback runs); keepalives free a lost host's lock sooner.
+            for setting in ("idle_in_transaction_session_timeout = 0", "tcp_keepalives_idle = 30"):
+                connection.execute(text(f"SET LOCAL {setting}"))
+        row = self._locked_row(row_id)
         if row is None or self._payload.attempts(row[1]) != attempt:
             transaction.rollback()
-            connection.close()
             return None
-        return Claimed(row_id, attempt, connection, transaction)
+        return Claimed(row_id, attempt, transaction)
 
     def done(self, claimed: Claimed) -> None:
         """The callback ran (or failed in its own code): the request leaves the database."""
-        if claimed.connection is None:
-            with self._engine.begin() as connection:
-                connection.execute(delete(self._table).where(self._table.c.id == claimed.row_id))
+        from sqlalchemy.exc import DBAPIError
+
+        statement = delete(self._table).where(self._table.c.id == claimed.row_id)
+        try:
+            if claimed.transaction is None:
+                with self.connection.begin():
+                    self.connection.execute(statement)
+            else:
+                self.connection.execute(statement)
+                claimed.transaction.commit()
+        except DBAPIError as error:
+            raise ClaimLost(str(error).splitlines()[0]) from error
+        finally:
             self._file_unlock(claimed.row_id)
-            return
-        claimed.connection.execute(delete(self._table).where(self._table.c.id == claimed.row_id))
-        claimed.transaction.commit()
-        claimed.connection.close()
+
+    def abandon(self, row_id: Any) -> bool:
+        """Delete a request without running it (past its attempts); False if it is gone or held elsewhere."""
+        if not self._file_lock(row_id):
+            return False
+        try:
+            with self.connection.begin():
+                if self._locked_row(row_id) is None:
+                    return False
+                self.connection.execute(delete(self._table).where(self._table.c.id == row_id))
+            return True
+        finally:
+            self._file_unlock(row_id)
 
     def release(self, claimed: Claimed) -> None:
-        """Give the request back without running it (its attempt stays counted)."""
-        if claimed.connection is None:
-            self._file_unlock(claimed.row_id)
-            return
-        claimed.transaction.rollback()
-        claimed.connection.close()
-
-    @contextlib.contextmanager
-    def holding(self, row_id: Any) -> Iterator[Claimed | None]:
-        """:meth:`claim`, then :meth:`done` if the block ends normally, :meth:`release` if it raises."""
-        claimed = self.claim(row_id)
-        if claimed is None:
-            yield None
-            return
+        """Give the request back without deleting it (its attempt stays counted)."""
         try:
-            yield claimed
-        except BaseException:
-            self.release(claimed)
-            raise
-        self.done(claimed)
+            if claimed.transaction is not None:
+                claimed.transaction.rollback()
+        finally:
+            self._file_unlock(claimed.row_id)

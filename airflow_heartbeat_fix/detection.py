@@ -2,10 +2,11 @@
 Which fixes the installed Airflow needs: the fixes' names, and the pure :func:`decide` over the facts
 :mod:`~airflow_heartbeat_fix.facts` reads off Airflow's code (never its version string).
 
-Each fix is one :class:`Rule`: the fact that says whether Airflow still has the bug, the reasons
-``status`` gives, and the fixes it builds on. :func:`decide` applies the same steps to every rule, so the
-decision table is testable without any particular Airflow installed. Only the standard library is
-imported here (``parity`` reads the fix names without Airflow).
+Each fix is one :class:`Rule`: the process it acts in (its :attr:`Rule.target`: the scheduler or the Dag
+processor), the fact that says whether Airflow still has the bug, the reasons ``status`` gives, and the
+fixes it builds on. :func:`decide` applies the same steps to every rule, so the decision table is testable
+without any particular Airflow installed. Only the standard library is imported here (``parity`` reads the
+fix names without Airflow).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from airflow_heartbeat_fix.facts import AirflowFacts
+    from airflow_heartbeat_fix.facts import AirflowFacts, DagProcessorFacts
 
 SINK_FIX = "session_preserving_sink"
 PURGE_FIX = "converged_heartbeat_purge"
@@ -25,7 +26,21 @@ LOCK_FIX = "locked_purge_revalidation"
 EVENT_TYPE_FIX = "typed_executor_event_callbacks"
 ADOPTION_FIX = "held_orphan_adoption"
 NESTED_FIX = "nested_sessions_join_loop"
-FIXES = (NESTED_FIX, SINK_FIX, PURGE_FIX, LOCK_FIX, EVENT_TYPE_FIX, ADOPTION_FIX)
+CLAIMED_FIX = "claimed_callback_delivery"
+ISOLATED_FIX = "isolated_callback_requests"
+INFLATION_FIX = "callbacks_past_inflation_check"
+
+#: The processes the fixes act in: what the ``airflow.policy`` hook activates, per command.
+SCHEDULER, DAG_PROCESSOR = "scheduler", "dag_processor"
+TARGETS = (SCHEDULER, DAG_PROCESSOR)
+#: How the start line and ``status`` name a target.
+TARGET_LABELS = {SCHEDULER: "scheduler", DAG_PROCESSOR: "Dag processor"}
+#: The Airflow class whose methods a target's rules wrap (named when one of them is missing).
+TARGET_CLASSES = {SCHEDULER: "SchedulerJobRunner", DAG_PROCESSOR: "DagFileProcessorManager"}
+SCHEDULER_FIXES = (NESTED_FIX, SINK_FIX, PURGE_FIX, LOCK_FIX, EVENT_TYPE_FIX, ADOPTION_FIX)
+DAG_PROCESSOR_FIXES = (CLAIMED_FIX, ISOLATED_FIX, INFLATION_FIX)
+TARGET_FIXES = {SCHEDULER: SCHEDULER_FIXES, DAG_PROCESSOR: DAG_PROCESSOR_FIXES}
+FIXES = SCHEDULER_FIXES + DAG_PROCESSOR_FIXES
 
 FIX_TITLES = {
     NESTED_FIX: "a create_session() nested in the scheduler loop (listeners, cluster policies, Variable and "
@@ -40,6 +55,12 @@ FIX_TITLES = {
     "(on_failure_callback while retries remain)",
     ADOPTION_FIX: "orphan adoption keeps the scheduler's session and row locks through the executor's "
     "try_adopt_task_instances (DetachedInstanceError crash loop, lost resets, double adoption)",
+    CLAIMED_FIX: "a callback request leaves the database only after its callback ran; a Dag processor or "
+    "file processor that dies leaves its requests to the next (lost failure and retry callbacks)",
+    ISOLATED_FIX: "one failing or invalid callback request never stops the rest of its batch (callbacks lost "
+    "behind a removed task or Dag)",
+    INFLATION_FIX: "the Dag version inflation check at 'error' no longer drops a file's callbacks (callbacks "
+    "lost without a log line)",
 }
 
 #: Scheduler methods the fixes wrap; a version without any of them is a shape we do not understand.
@@ -59,6 +80,9 @@ NESTED_FIX_HOOKS = (
     "_update_dag_run_state_for_paused_dags",
     "adopt_or_reset_orphaned_tasks",
 )
+#: DagFileProcessorManager methods the Dag processor fixes wrap (the fetch is a fact of its own: its name
+#: changed in 3.3).
+CLAIMED_FIX_HOOKS = ("_add_callback_to_queue", "_create_process", "_collect_results", "run")
 #: What ``SchedulerJobRunner._execute`` logs when an exception ends ``_run_scheduler_loop`` (the error's own
 #: line follows): how the demo and the tests read a scheduler's crash out of its log.
 SCHEDULER_LOOP_CRASH = "Exception when executing SchedulerJob._run_scheduler_loop"
@@ -93,7 +117,8 @@ class Rule:
     """How one fix is decided."""
 
     fix: str
-    #: The scheduler methods it wraps: a release without one of them is a shape not understood.
+    #: The methods it wraps (of :data:`TARGET_CLASSES`'s class): a release without one of them is a shape
+    #: not understood.
     hooks: tuple[str, ...]
     #: What :attr:`needed` reads, named when its shape is not recognised.
     what: str
@@ -106,6 +131,8 @@ class Rule:
     requires: tuple[str, ...] = ()
     #: Why it cannot act on this installation even where it is needed (``None``: it can).
     blocked: Callable[[AirflowFacts], str | None] = lambda facts: None
+    #: The process it acts in.
+    target: str = SCHEDULER
 
 
 def _negated(fact: bool | None) -> bool | None:
@@ -139,7 +166,7 @@ UNRECOGNISED_CREATE_SESSION = (
 )
 
 
-RULES = (
+SCHEDULER_RULES = (
     Rule(
         NESTED_FIX,
         NESTED_FIX_HOOKS,
@@ -218,6 +245,70 @@ RULES = (
 )
 
 
+def _dag_processor(facts: AirflowFacts) -> DagProcessorFacts:
+    """The Dag processor's facts: read wherever a Dag processor rule is decided (:func:`decide`)."""
+    assert facts.dag_processor is not None
+    return facts.dag_processor
+
+
+def _claim_blocked(facts: AirflowFacts) -> str | None:
+    if _dag_processor(facts).file_processors_forked:
+        return None
+    return (
+        "this Airflow starts file processors as fresh interpreters on this platform (not os.fork), so the "
+        "rows of a batch cannot reach them; left unpatched"
+    )
+
+
+def _claimed_needed(facts: AirflowFacts) -> bool | None:
+    found = _dag_processor(facts)
+    return None if found.callback_payload is None else found.fetch_deletes_requests
+
+
+DAG_PROCESSOR_RULES = (
+    Rule(
+        CLAIMED_FIX,
+        CLAIMED_FIX_HOOKS,
+        what="the Dag processor's callback fetch and its stored requests",
+        needed=_claimed_needed,
+        not_needed="the Dag processor already leaves a callback request stored until its callback has run",
+        active=lambda facts: (
+            "the Dag processor deletes each callback request when it fetches it: a Dag processor or file "
+            "processor that dies (OOM kill, eviction, deploy, dag_file_processor_timeout) before the "
+            "callback ran loses it" + _no_task_callbacks_note(facts)
+        ),
+        blocked=_claim_blocked,
+        target=DAG_PROCESSOR,
+    ),
+    Rule(
+        ISOLATED_FIX,
+        CLAIMED_FIX_HOOKS,
+        what="the Dag processor's _execute_callbacks",
+        needed=lambda facts: _negated(_dag_processor(facts).requests_isolated),
+        not_needed="_execute_callbacks already runs each request in its own try (apache/airflow#70990)",
+        active=lambda facts: (
+            "one callback request that raises (its Dag or task removed, a context that cannot be built) ends "
+            "the file processor and the rest of its batch (apache/airflow#70990)"
+        ),
+        target=DAG_PROCESSOR,
+    ),
+    Rule(
+        INFLATION_FIX,
+        CLAIMED_FIX_HOOKS,
+        what="the file processor's _parse_file",
+        needed=lambda facts: _dag_processor(facts).inflation_check_blocks_callbacks,
+        not_needed="the Dag version inflation check never stops a file's callbacks here (absent before "
+        "3.2.0; skipped for callbacks from apache/airflow#70987)",
+        active=lambda facts: (
+            "with [dag_processor] dag_version_inflation_check_level = error, a file the check refuses has "
+            "its callback requests dropped without a log line (apache/airflow#70987)"
+        ),
+        target=DAG_PROCESSOR,
+    ),
+)
+RULES = SCHEDULER_RULES + DAG_PROCESSOR_RULES
+
+
 def decide_rule(
     rule: Rule, facts: AirflowFacts, *, enabled: bool, decided: dict[str, FixDecision]
 ) -> FixDecision:
@@ -226,10 +317,11 @@ def decide_rule(
     applied. ``decided``: the fixes decided before it (each of :attr:`Rule.requires` is among them).
     """
     needed = rule.needed(facts)
-    missing = [hook for hook in facts.missing_hooks if hook in rule.hooks]
+    hooks = facts.missing_hooks if rule.target == SCHEDULER else _dag_processor(facts).missing_hooks
+    missing = [hook for hook in hooks if hook in rule.hooks]
     if missing or needed is None:
         shape = (
-            f"SchedulerJobRunner has no {', '.join(missing)}"
+            f"{TARGET_CLASSES[rule.target]} has no {', '.join(missing)}"
             if missing
             else (f"{rule.what} has a shape this package does not recognise")
         )
@@ -249,11 +341,16 @@ def decide_rule(
 
 
 def decide(facts: AirflowFacts, *, enabled: bool) -> dict[str, FixDecision]:
-    """Map the facts about an installation to one decision per fix, in :data:`FIXES` order."""
+    """
+    Map the facts about an installation to one decision per fix, in :data:`FIXES` order: the scheduler's
+    fixes always, the Dag processor's where its facts were read (:attr:`AirflowFacts.dag_processor`).
+    """
+    decided: dict[str, FixDecision] = {}
     if not facts.has_callback_sink:
         why = f"Airflow {facts.version} has no DatabaseCallbackSink: the code these fixes patch is gone"
-        return {fix: FixDecision(fix, FixState.NOT_APPLICABLE, why) for fix in FIXES}
-    decided: dict[str, FixDecision] = {}
+        decided = {fix: FixDecision(fix, FixState.NOT_APPLICABLE, why) for fix in SCHEDULER_FIXES}
     for rule in RULES:
+        if rule.fix in decided or (rule.target == DAG_PROCESSOR and facts.dag_processor is None):
+            continue
         decided[rule.fix] = decide_rule(rule, facts, enabled=enabled, decided=decided)
-    return {fix: decided[fix] for fix in FIXES}
+    return {fix: decided[fix] for fix in FIXES if fix in decided}

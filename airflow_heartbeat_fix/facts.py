@@ -15,11 +15,30 @@ from typing import Any
 
 from airflow_heartbeat_fix.detection import (
     ADOPTION_FIX_HOOKS,
+    CLAIMED_FIX_HOOKS,
     EVENT_TYPE_FIX_HOOKS,
     NESTED_FIX_HOOKS,
     PURGE_FIX_HOOKS,
     SINK_FIX_HOOKS,
 )
+
+
+@dataclass(frozen=True)
+class DagProcessorFacts:
+    """What the Dag processor's code says about its callback requests; ``None`` means "not recognised"."""
+
+    #: The manager's fetch deletes each request it fetches (every release up to 3.4.0b2).
+    fetch_deletes_requests: bool | None
+    #: The column of a stored request that holds its JSON: ``callback_data`` (a string, 3.0/3.1), ``data``
+    #: (a dict, 3.2+).
+    callback_payload: str | None
+    #: File processors are forked from the manager (the batch's row ids reach them through the fork).
+    file_processors_forked: bool = True
+    #: ``_execute_callbacks`` runs each request in its own try (3.3.2+, apache/airflow#70990).
+    requests_isolated: bool | None = True
+    #: The Dag version inflation check returns before a file's callbacks run (3.2.0 to 3.3.1, #70987).
+    inflation_check_blocks_callbacks: bool | None = False
+    missing_hooks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -45,6 +64,8 @@ class AirflowFacts:
     metastore_expunges: bool = False
     #: handle_failure notifies listeners before it archives the try (3.4): a listener's session crashes it.
     listeners_before_next_try: bool = False
+    #: The Dag processor's facts; ``None`` where they were not read (a scheduler reads only its own).
+    dag_processor: DagProcessorFacts | None = None
 
 
 def _names_used(func: Any) -> frozenset[str] | None:
@@ -208,6 +229,100 @@ def processor_runs_task_callbacks(execute_callbacks: Any) -> bool:
     return names is None or "NotImplementedError" not in names or "_execute_task_callbacks" in names
 
 
+def _unwrapped(func: Any) -> Any:
+    """``func`` under its decorators' ``__wrapped__`` (``provide_session``, ``retry_db_transaction``)."""
+    for _ in range(4):
+        inner = getattr(func, "__wrapped__", None)
+        if inner is None:
+            break
+        func = inner
+    return func
+
+
+def stock_callback_fetch(manager_cls: type) -> Any:
+    """
+    The manager's own fetch: ``_fetch_callbacks_from_db`` (3.3+, behind the public ``fetch_callbacks``) or
+    ``_fetch_callbacks`` (3.0 to 3.2), undecorated; ``None`` if neither.
+    """
+    fetch = getattr(manager_cls, "_fetch_callbacks_from_db", None) or getattr(
+        manager_cls, "_fetch_callbacks", None
+    )
+    return None if fetch is None else _unwrapped(fetch)
+
+
+def fetch_deletes_requests(fetch: Any) -> bool | None:
+    """Whether the manager's fetch deletes the requests it reads (``session.delete`` of each row)."""
+    names = _names_used(fetch)
+    if names is None or "get_callback_request" not in names:
+        return None
+    return "delete" in names
+
+
+def callback_payload(columns: Any) -> str | None:
+    """Which column of the stored request holds its JSON (``columns``: the table's column names)."""
+    return next((name for name in ("callback_data", "data") if name in columns), None)
+
+
+def file_processors_forked(start: Any, should_use_exec: Any) -> bool:
+    """
+    Whether ``DagFileProcessorProcess.start`` forks the file processor (every release on Linux). 3.4 asks
+    the Task SDK's ``_should_use_exec()`` (true on macOS) and then spawns a fresh interpreter instead.
+    """
+    names = _names_used(_unwrapped(start)) or frozenset()
+    return "_should_use_exec" not in names or not should_use_exec()
+
+
+def requests_isolated(execute_callbacks: Any) -> bool | None:
+    """Whether ``_execute_callbacks`` catches each request's exception and goes on (``log.exception``)."""
+    names = _names_used(execute_callbacks)
+    if names is None or not any(name.startswith("_execute_") for name in names):
+        return None
+    return "exception" in names
+
+
+def inflation_check_blocks_callbacks(parse_file: Any) -> bool | None:
+    """
+    Whether ``_parse_file`` returns the Dag version inflation check's error before it looks at the
+    message's callback requests (3.2.0 to 3.3.1). No check at all (3.0, 3.1): False.
+    """
+    import dis
+
+    code = getattr(parse_file, "__code__", None)
+    if code is None or "callback_requests" not in code.co_names:
+        return None
+    if "check_dag_file_stability" not in code.co_names:
+        return False
+    names = [ins.argval for ins in dis.get_instructions(code) if isinstance(ins.argval, str)]
+    if "get_error_format_dict" not in names:
+        return None
+    return names.index("get_error_format_dict") < names.index("callback_requests")
+
+
+@dataclass(frozen=True)
+class DagProcessorCode:
+    """The Dag processor's code as detection reads it."""
+
+    manager_cls: type
+    callback_columns: tuple[str, ...]
+    file_processor_start: Any
+    should_use_exec: Any
+    execute_callbacks: Any
+    parse_file: Any
+
+
+def read_dag_processor_facts(code: DagProcessorCode) -> DagProcessorFacts:
+    fetch = stock_callback_fetch(code.manager_cls)
+    missing = tuple(hook for hook in CLAIMED_FIX_HOOKS if not hasattr(code.manager_cls, hook))
+    return DagProcessorFacts(
+        fetch_deletes_requests=fetch_deletes_requests(fetch),
+        callback_payload=callback_payload(code.callback_columns),
+        file_processors_forked=file_processors_forked(code.file_processor_start, code.should_use_exec),
+        requests_isolated=requests_isolated(code.execute_callbacks),
+        inflation_check_blocks_callbacks=inflation_check_blocks_callbacks(code.parse_file),
+        missing_hooks=missing,
+    )
+
+
 @dataclass(frozen=True)
 class SessionCode:
     """Airflow's session handling and what runs nested in the loop's session, as detection reads them."""
@@ -227,14 +342,17 @@ def read_facts(
     runner_cls: type,
     session_code: SessionCode,
     execute_callbacks: Any = None,
+    dag_processor: DagProcessorCode | None = None,
 ) -> AirflowFacts:
     """
     Inspect Airflow's own (unpatched) sink and scheduler classes; ``sink_cls`` None: no such sink.
 
-    ``execute_callbacks``: the Dag processor's ``_execute_callbacks``, where it has one.
+    ``execute_callbacks``: the Dag processor's ``_execute_callbacks``, where it has one. ``dag_processor``:
+    the Dag processor's code, where its fixes are decided.
     """
+    processor_facts = None if dag_processor is None else read_dag_processor_facts(dag_processor)
     if sink_cls is None:
-        return AirflowFacts(version, None, None, has_callback_sink=False)
+        return AirflowFacts(version, None, None, has_callback_sink=False, dag_processor=processor_facts)
     hooks = (*SINK_FIX_HOOKS, *PURGE_FIX_HOOKS, *EVENT_TYPE_FIX_HOOKS, *ADOPTION_FIX_HOOKS, *NESTED_FIX_HOOKS)
     missing = tuple(dict.fromkeys(hook for hook in hooks if not hasattr(runner_cls, hook)))
     return AirflowFacts(
@@ -250,4 +368,5 @@ def read_facts(
         create_session_recognised=session_code.create_session_recognised,
         metastore_expunges=metastore_expunges(session_code.metastore_cls),
         listeners_before_next_try=listeners_before_next_try(session_code.task_instance_cls),
+        dag_processor=processor_facts,
     )

@@ -2,8 +2,9 @@
 ``airflow.policy`` entry point: Airflow imports this module in every process, at ``import airflow``.
 
 That happens before Airflow configures logging, so this module only registers an import hook and
-imports nothing but the standard library. When the scheduler command module is imported
-(``airflow scheduler``), :func:`airflow_heartbeat_fix.activation.install` runs. No other command is
+imports nothing but the standard library. When a command module named in :data:`TRIGGER_MODULES` is
+imported (``airflow scheduler``, ``airflow dag-processor``),
+:func:`airflow_heartbeat_fix.activation.install` runs for that command's process. No other command is
 touched.
 """
 
@@ -22,26 +23,33 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 TRIGGER_MODULE = "airflow.cli.commands.scheduler_command"
+#: Command module -> the target whose fixes its import activates (names as in ``detection``, which this
+#: module cannot import: it would load more than the standard library at ``import airflow``).
+TRIGGER_MODULES = {
+    TRIGGER_MODULE: "scheduler",
+    "airflow.cli.commands.dag_processor_command": "dag_processor",
+}
 
 
-def _activate() -> None:
+def _activate(target: str = "scheduler") -> None:
     from airflow_heartbeat_fix.activation import install
 
-    install()
+    install(target=target)
 
 
 class _ActivateAfterExec(importlib.abc.Loader):
-    """Delegates to the real loader, then activates the fixes once the module has run."""
+    """Delegates to the real loader, then activates the fixes of ``target`` once the module has run."""
 
-    def __init__(self, loader: importlib.abc.Loader) -> None:
+    def __init__(self, loader: importlib.abc.Loader, target: str = "scheduler") -> None:
         self._loader = loader
+        self._target = target
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)
-        _activate()
+        _activate(self._target)
 
 
 class SchedulerCommandHook(importlib.abc.MetaPathFinder):
@@ -58,7 +66,7 @@ class SchedulerCommandHook(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != TRIGGER_MODULE or getattr(self._resolving, "active", False):
+        if fullname not in TRIGGER_MODULES or getattr(self._resolving, "active", False):
             return None
         self._resolving.active = True
         try:
@@ -68,21 +76,25 @@ class SchedulerCommandHook(importlib.abc.MetaPathFinder):
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             # Logging is configured by now: Airflow imports its commands after settings.initialize().
             logging.getLogger("airflow_heartbeat_fix").warning(
-                "airflow-heartbeat-fix cannot hook %s (loader %r); the scheduler runs unpatched. "
-                "Run `airflow-heartbeat-fix scheduler` to install the fixes explicitly.",
+                "airflow-heartbeat-fix cannot hook %s (loader %r); the command runs unpatched. "
+                "Run `airflow-heartbeat-fix %s` to install the fixes explicitly.",
                 fullname,
                 getattr(spec, "loader", None),
+                TRIGGER_MODULES[fullname].replace("_", "-"),
             )
             return None
-        spec.loader = _ActivateAfterExec(spec.loader)
+        spec.loader = _ActivateAfterExec(spec.loader, TRIGGER_MODULES[fullname])
         return spec
 
 
 def register() -> None:
-    """Idempotent: one hook per process; activate now if the scheduler command is already imported."""
-    if TRIGGER_MODULE in sys.modules:
-        _activate()
-    elif not any(isinstance(finder, SchedulerCommandHook) for finder in sys.meta_path):
+    """Idempotent: one hook per process; activate now for each command already imported."""
+    for module, target in TRIGGER_MODULES.items():
+        if module in sys.modules:
+            _activate(target)
+    if not all(module in sys.modules for module in TRIGGER_MODULES) and not any(
+        isinstance(finder, SchedulerCommandHook) for finder in sys.meta_path
+    ):
         sys.meta_path.insert(0, SchedulerCommandHook())
 
 

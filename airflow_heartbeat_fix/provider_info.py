@@ -11,6 +11,14 @@ from typing import Any
 
 from airflow_heartbeat_fix import __version__, summary
 
+MAX_ATTEMPTS_DESCRIPTION = (
+    "How many file processors may start one Dag processor callback request, or be handed it and exit "
+    "without starting it, before the request is deleted without running (an ERROR line and the "
+    "heartbeat_fix.callback.abandoned counter say so). A callback that kills its own file processor (out "
+    "of memory, past dag_file_processor_timeout) would otherwise run forever. Read when the Dag processor "
+    "starts."
+)
+
 ENABLED_DESCRIPTION = (
     "Run the scheduler with the fixes this Airflow needs (checked at scheduler start; see "
     "`airflow-heartbeat-fix status`). False runs Airflow's own classes. A value that is not a boolean "
@@ -26,7 +34,7 @@ def get_provider_info() -> dict[str, Any]:
         "versions": [__version__],
         "config": {
             "heartbeat_fix": {
-                "description": "airflow-heartbeat-fix: scheduler fixes installed through pip.",
+                "description": "airflow-heartbeat-fix: scheduler and Dag processor fixes installed through pip.",
                 "options": {
                     "enabled": {
                         "description": ENABLED_DESCRIPTION,
@@ -34,6 +42,13 @@ def get_provider_info() -> dict[str, Any]:
                         "type": "boolean",
                         "example": "False",
                         "default": "True",
+                    },
+                    "callback_max_attempts": {
+                        "description": MAX_ATTEMPTS_DESCRIPTION,
+                        "version_added": "0.4.0",
+                        "type": "integer",
+                        "example": "5",
+                        "default": "3",
                     },
                 },
             },

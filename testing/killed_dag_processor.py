@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 
-from airflow_heartbeat_fix.dag_processor_prototype import FETCHED
+from airflow_heartbeat_fix.dag_processor import FETCHED
 from airflow_heartbeat_fix.demo.processes import Component
 from testing.environment import command_env
 from testing.scheduler import make_stale, new_runner, purge_pass
@@ -183,11 +183,8 @@ def start_dag_processor(name: str, home: Path, *, fix_enabled: bool, **config: s
     (home / "tmp").mkdir(parents=True, exist_ok=True)
     database_url = settings.engine.url.render_as_string(hide_password=False)
     env = dag_processor_env(home, database_url, fix_enabled=fix_enabled, **config)
-    # Phase 1: the fix is a prototype, not activated by the airflow.policy hook yet; its launcher runs
-    # ``airflow dag-processor`` with it installed.
-    launcher = ["-m", "airflow_heartbeat_fix.dag_processor_prototype"] if fix_enabled else None
-    airflow = [sys.executable, *launcher] if launcher else [str(Path(sys.executable).with_name("airflow"))]
-    argv = [*airflow, "dag-processor"]
+    # A plain `airflow dag-processor`: the airflow.policy hook activates the package (or not, by the switch).
+    argv = [str(Path(sys.executable).with_name("airflow")), "dag-processor"]
     return Component.start(name, argv, env, home / f"{name}.log", cwd=home)
 
 
@@ -396,11 +393,13 @@ def _fetched_first(task_id: str) -> None:
     3.1 on, the lowest on 3.0 (its fetch orders ascending). A file's batch keeps the fetch order.
     """
     from airflow import __version__
+    from airflow.callbacks.callback_requests import TaskCallbackRequest
     from airflow.models.db_callback_request import DbCallbackRequest
     from airflow.utils.session import create_session
 
     ascending = __version__.startswith("3.0.")
     with create_session(scoped=False) as writer:
         for row in writer.scalars(select(DbCallbackRequest)):
-            is_first = row.get_callback_request().ti.task_id == task_id
+            request = row.get_callback_request()
+            is_first = isinstance(request, TaskCallbackRequest) and request.ti.task_id == task_id
             row.priority_weight = (1 if is_first else 100) if ascending else (100 if is_first else 1)

@@ -1,4 +1,4 @@
-"""``airflow-heartbeat-fix``: ``status``, ``scheduler`` (explicitly fixed) and ``demo``."""
+"""``airflow-heartbeat-fix``: ``status``, ``scheduler`` and ``dag-processor`` (fixed explicitly), ``demo``."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ POLICY_MODULE = "airflow_heartbeat_fix.policy"
 
 EPILOG = """\
 exit codes:
-  0  a scheduler started now applies every fix this Airflow needs, none is needed, or
-     [heartbeat_fix] enabled = False switched them off
+  0  a scheduler and a Dag processor started now apply every fix this Airflow needs, none is
+     needed, or [heartbeat_fix] enabled = False switched them off
   1  a fix would not be applied although it cannot be ruled out as needed (an Airflow outside the
      supported range, code not recognised, the airflow.policy entry point missing), or Airflow's
      configuration cannot be read
@@ -42,11 +42,24 @@ def _policy_entry_point_registered() -> bool:
 #: The state a row shows for a fix that would be active but that no hook will install.
 UNHOOKED = (
     "the airflow.policy entry point is not registered (reinstall the package): "
-    "a plain `airflow scheduler` runs Airflow's own classes"
+    "a plain `airflow scheduler` or `airflow dag-processor` runs Airflow's own classes"
 )
 
 
 RUNS_STOCK = "runs Airflow's own classes"
+#: The command each target's fixes are activated in, as ``status`` names it.
+COMMANDS = {"scheduler": "airflow scheduler", "dag_processor": "airflow dag-processor"}
+
+
+def _activation_line(active: list[str], stock: str) -> str:
+    """Which plain command runs which fixes: ``a plain `airflow scheduler` runs with A, B; ...``."""
+    from airflow_heartbeat_fix.activation import target_of
+
+    parts = []
+    for target, command in COMMANDS.items():
+        own = [fix for fix in active if target_of(fix) == target]
+        parts.append(f"a plain `{command}` " + (f"runs with {', '.join(own)}" if own else stock))
+    return "; ".join(parts)
 
 
 def _airflow_version() -> str:
@@ -80,10 +93,8 @@ def status_document() -> dict[str, Any]:
         activation_line = f"{activation.OFF_BY_CONFIGURATION}: a plain `airflow scheduler` {RUNS_STOCK}"
     elif not registered and not_applied:
         activation_line = "airflow.policy entry point NOT registered: `airflow scheduler` runs unfixed"
-    elif active:
-        activation_line = f"a plain `airflow scheduler` runs with {', '.join(active)}"
     else:
-        activation_line = f"a plain `airflow scheduler` {RUNS_STOCK}"
+        activation_line = _activation_line(active, RUNS_STOCK)
     return {
         "package_version": __version__,
         "airflow_version": airflow_version,
@@ -184,7 +195,7 @@ def _status(output: str) -> int:
     if document["refusal"]:
         _say(document["refusal"])
     elif not document["ok"]:
-        _say("a scheduler started now would run without: " + ", ".join(document["not_applied"]))
+        _say("a process started now would run without: " + ", ".join(document["not_applied"]))
     return EXIT_OK if document["ok"] else EXIT_NOT_APPLIED
 
 
@@ -198,33 +209,35 @@ def _switched_on() -> bool:
         return True
 
 
-def _scheduler(args: list[str]) -> int:
+def _explicit(command: str, args: list[str]) -> int:
     """
-    Explicit setup fails loudly: refuse to start a scheduler without a fix that cannot be applied.
-    Switched off by the operator, it starts Airflow's own scheduler (the start line says so).
+    Explicit setup fails loudly: refuse to start a scheduler (``command`` ``scheduler``) or a Dag processor
+    (``dag-processor``) without a fix that cannot be applied. Switched off by the operator, it starts
+    Airflow's own (the start line says so).
     """
     from airflow_heartbeat_fix import activation
 
+    target, name = command.replace("-", "_"), command.replace("-", " ").replace("dag", "Dag")
     if not {"-h", "--help"} & set(args):
         try:
-            decided = activation.install(raise_errors=True)
+            decided = activation.install(target=target, raise_errors=True)
         except activation.ActivationError as exc:
             cause = exc.__cause__
             if isinstance(cause, configparser.Error):
                 _say(config_error(cause))
             else:
-                _say(f"refusing to start the scheduler: {exc}")
+                _say(f"refusing to start the {name}: {exc}")
             return EXIT_NOT_APPLIED
         if (missing := activation.not_applied(decided)) and _switched_on():
             activation.uninstall()
             reasons = "; ".join(dict.fromkeys(d.reason for d in missing))
             fixes = ", ".join(d.fix for d in missing)
-            _say(f"refusing to start the scheduler without {fixes}: {reasons}")
+            _say(f"refusing to start the {name} without {fixes}: {reasons}")
             return EXIT_NOT_APPLIED
     from airflow_heartbeat_fix._compat import airflow_cli_main
 
     airflow_main = airflow_cli_main()
-    sys.argv = ["airflow", "scheduler", *args]
+    sys.argv = ["airflow", command, *args]
     airflow_main()
     return EXIT_OK
 
@@ -245,21 +258,28 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{status,scheduler,demo}")
-    status = sub.add_parser("status", help="what a scheduler started now would run, and why")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{status,scheduler,dag-processor,demo}"
+    )
+    status = sub.add_parser(
+        "status", help="what a scheduler and a Dag processor started now would run, and why"
+    )
     status.add_argument(
         "-o", "--output", choices=("table", "json", "yaml", "plain"), default="table", help="output format"
     )
     # Listed for --help only: their arguments belong to `airflow scheduler` and to the demo.
     sub.add_parser("scheduler", help="run `airflow scheduler ARGS...` with the fixes installed explicitly")
+    sub.add_parser(
+        "dag-processor", help="run `airflow dag-processor ARGS...` with the fixes installed explicitly"
+    )
     sub.add_parser("demo", help="end-to-end reproduction: stock vs fixed scheduler, side by side")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "scheduler":
-        return _scheduler(args[1:])
+    if args and args[0] in ("scheduler", "dag-processor"):
+        return _explicit(args[0], args[1:])
     if args and args[0] == "demo":
         return _demo(args[1:])
     parsed = _parser().parse_args(args)  # exits 2 with one line on unknown options

@@ -319,7 +319,11 @@ GAUGE_INTERVAL = 5.0
 
 
 class DagProcessorGaugesMixin(DagFileProcessorManager):
-    """Announces, at start and about every job heartbeat, which fixes this Dag processor carries."""
+    """
+    Announces which fixes this Dag processor carries: at its loop's first heartbeat (the manager sets up
+    its metrics backend in ``run()``, after which the loop calls the heartbeat the job runner gave it
+    first thing) and about every :data:`GAUGE_INTERVAL` seconds after, as the job heartbeats.
+    """
 
     heartbeat_fixes: tuple[str, ...] = ()
 
@@ -327,8 +331,7 @@ class DagProcessorGaugesMixin(DagFileProcessorManager):
         emit_fix_gauges(DAG_PROCESSOR_FIXES, self.heartbeat_fixes)
 
     def run(self) -> Any:
-        self.emit_fix_gauges()
-        heartbeat, emitted = self.heartbeat, [time.monotonic()]
+        heartbeat, emitted = self.heartbeat, [-GAUGE_INTERVAL]
 
         def heartbeat_and_gauges() -> None:
             heartbeat()

@@ -34,7 +34,7 @@ def get_provider_info() -> dict[str, Any]:
         "versions": [__version__],
         "config": {
             "heartbeat_fix": {
-                "description": "airflow-heartbeat-fix: scheduler and Dag processor fixes installed through pip.",
+                "description": "airflow-heartbeat-fix: scheduler and Dag processor fixes, installed by pip.",
                 "options": {
                     "enabled": {
                         "description": ENABLED_DESCRIPTION,

@@ -13,7 +13,7 @@ import pytest
 
 import airflow_heartbeat_fix
 from airflow_heartbeat_fix import activation, provider_info
-from airflow_heartbeat_fix.detection import FixState
+from airflow_heartbeat_fix.detection import SCHEDULER_FIXES, FixState
 from testing.processes import run_in_group
 
 if TYPE_CHECKING:
@@ -82,6 +82,29 @@ def test_plain_airflow_scheduler_logs_one_start_line(enabled: bool) -> None:
     assert _summary(enabled) in lines[0]
     if not enabled:
         assert activation.OFF_BY_CONFIGURATION in lines[0]
+
+
+@pytest.mark.usefixtures("scheduler_rows_cleared")
+@pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "off-switch"])
+def test_plain_airflow_dag_processor_logs_one_start_line(enabled: bool, tmp_path: Path) -> None:
+    """The second target: ``airflow dag-processor`` logs its own fixes' line, and only that one."""
+    from airflow_heartbeat_fix.detection import DAG_PROCESSOR
+
+    result = _run(
+        [AIRFLOW, "dag-processor", "--num-runs", "1"],
+        enabled=enabled,
+        env={"AIRFLOW__CORE__DAGS_FOLDER": str(tmp_path)},
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    lines = _start_lines(output)
+    assert len(lines) == 1, output[-4000:]
+    decided = activation.decide(activation.facts(), enabled=enabled)
+    expected = activation.summary(
+        decided, activation.facts().version, switched_off=not enabled, target=DAG_PROCESSOR
+    )
+    assert expected in lines[0]
+    assert "(Dag processor)" in lines[0]
 
 
 def _reads_namespace_levels() -> bool:
@@ -285,6 +308,7 @@ def test_dry_run_reports_an_activation_failure_as_unsupported(monkeypatch: pytes
             raise ImportError("No module named 'airflow._shared.observability'")
 
         monkeypatch.setattr(activation, "_apply", broken_apply)
+        monkeypatch.setattr(activation, "_apply_dag_processor", broken_apply)
         # Switched on whatever the cell's mode: in stock mode nothing would be applied, so nothing would fail.
         monkeypatch.setenv("AIRFLOW__HEARTBEAT_FIX__ENABLED", "True")
         decided = activation.dry_run()
@@ -302,7 +326,7 @@ def test_dry_run_reports_an_activation_failure_as_unsupported(monkeypatch: pytes
 
 
 def test_airflow_without_the_callback_sink_is_not_applicable(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sink module gone: every fix "not applicable", nothing patched, nothing missing for status."""
+    """The sink module gone: every scheduler fix "not applicable", nothing patched, nothing missing."""
     from airflow.cli.commands import scheduler_command
 
     activation.uninstall()
@@ -310,7 +334,7 @@ def test_airflow_without_the_callback_sink_is_not_applicable(monkeypatch: pytest
     stock_runner = scheduler_command.SchedulerJobRunner
     monkeypatch.setitem(sys.modules, "airflow.callbacks.database_callback_sink", None)  # import fails
     try:
-        decided = activation.dry_run()
+        decided = {fix: d for fix, d in activation.dry_run().items() if fix in SCHEDULER_FIXES}
         assert {d.state for d in decided.values()} == {FixState.NOT_APPLICABLE}
         assert activation.not_applied(decided) == []
         assert activation.install(raise_errors=True) == decided

@@ -7,10 +7,15 @@ import pytest
 from airflow_heartbeat_fix import activation
 from airflow_heartbeat_fix.detection import (
     ADOPTION_FIX,
+    CLAIMED_FIX,
+    DAG_PROCESSOR_FIXES,
     EVENT_TYPE_FIX,
+    INFLATION_FIX,
+    ISOLATED_FIX,
     LOCK_FIX,
     NESTED_FIX,
     PURGE_FIX,
+    SCHEDULER_FIXES,
     SINK_FIX,
     UNRECOGNISED_CREATE_SESSION,
     FixState,
@@ -18,14 +23,20 @@ from airflow_heartbeat_fix.detection import (
 )
 from airflow_heartbeat_fix.facts import (
     AirflowFacts,
+    DagProcessorFacts,
     adoption_keeps_orphans_attached,
+    callback_payload,
     executor_events_type_callbacks,
+    fetch_deletes_requests,
+    file_processors_forked,
+    inflation_check_blocks_callbacks,
     listeners_before_next_try,
     metastore_expunges,
     nested_session_ends_transaction,
     processor_runs_task_callbacks,
     purge_converges,
     purge_locks_each_ti,
+    requests_isolated,
     sink_commits_caller_session,
 )
 
@@ -201,12 +212,22 @@ def test_facts_of_this_airflow_are_recognised():
     # #63080 removed the metastore's expunge_all() in 3.2.0.
     assert facts.metastore_expunges is facts.version.startswith(("3.0.", "3.1."))
     assert facts.create_session_recognised is True
+    processor = facts.dag_processor
+    assert processor is not None and processor.missing_hooks == ()
+    assert processor.fetch_deletes_requests is ("callbacks_deleted_at_fetch" in has)
+    assert processor.callback_payload == (
+        "callback_data" if facts.version.startswith(("3.0.", "3.1.")) else "data"
+    )
+    assert processor.file_processors_forked is True  # Linux
+    assert processor.requests_isolated is ("bad_request_drops_batch" not in has)
+    assert processor.inflation_check_blocks_callbacks is ("inflation_check_drops_callbacks" in has)
 
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_decide_without_a_callback_sink_is_not_applicable(enabled: bool) -> None:
     """An Airflow whose task callbacks no longer go through DatabaseCallbackSink: nothing to patch."""
     decided = decide(AirflowFacts("4.0.0", None, None, has_callback_sink=False), enabled=enabled)
+    assert list(decided) == list(SCHEDULER_FIXES)  # the Dag processor's facts were not read
     assert {d.state for d in decided.values()} == {FixState.NOT_APPLICABLE}
     assert all("has no DatabaseCallbackSink" in d.reason for d in decided.values())
 
@@ -348,3 +369,117 @@ def test_metastore_and_listener_shapes():
     assert listeners_before_next_try(TaskInstance34) is True
     assert listeners_before_next_try(TaskInstance33) is False
     assert listeners_before_next_try(None) is False
+
+
+def _processor(**facts: object) -> AirflowFacts:
+    """A scheduler with nothing to fix, and a Dag processor shaped as ``facts`` say (3.3.1's by default)."""
+    shape: dict[str, object] = {
+        "fetch_deletes_requests": True,
+        "callback_payload": "data",
+        "requests_isolated": False,
+        "inflation_check_blocks_callbacks": True,
+        **facts,
+    }
+    return AirflowFacts("9.9.9", False, True, dag_processor=DagProcessorFacts(**shape))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("facts", "enabled", "expected"),
+    [
+        pytest.param({}, True, (A, A, A), id="3.2.0-3.3.1 shape"),
+        pytest.param(
+            {"requests_isolated": True, "inflation_check_blocks_callbacks": False},
+            True,
+            (A, N, N),
+            id="3.3.2+",
+        ),
+        pytest.param({"inflation_check_blocks_callbacks": False}, True, (A, A, N), id="3.0/3.1"),
+        pytest.param({}, False, (D, D, D), id="off switch"),
+        pytest.param({"fetch_deletes_requests": False}, True, (N, A, A), id="fetch keeps requests upstream"),
+        pytest.param({"fetch_deletes_requests": None}, True, (U, A, A), id="fetch not recognised"),
+        pytest.param({"callback_payload": None}, True, (U, A, A), id="payload column not recognised"),
+        pytest.param({"file_processors_forked": False}, True, (U, A, A), id="spawned file processors"),
+        pytest.param({"missing_hooks": ("_create_process",)}, True, (U, U, U), id="no _create_process"),
+        pytest.param({"requests_isolated": None}, True, (A, U, A), id="execute_callbacks not recognised"),
+    ],
+)
+def test_decide_dag_processor(
+    facts: dict[str, object], enabled: bool, expected: tuple[FixState, ...]
+) -> None:
+    decided = decide(_processor(**facts), enabled=enabled)
+    assert tuple(decided[fix].state for fix in DAG_PROCESSOR_FIXES) == expected
+    assert list(decided)[-3:] == list(DAG_PROCESSOR_FIXES)
+
+
+def test_dag_processor_reasons_name_the_upstream_changes():
+    decided = decide(_processor(requests_isolated=True, file_processors_forked=False), enabled=True)
+    assert "apache/airflow#70990" in decided[ISOLATED_FIX].reason
+    assert "apache/airflow#70987" in decided[INFLATION_FIX].reason
+    assert "fresh interpreters" in decided[CLAIMED_FIX].reason
+    missing = decide(_processor(missing_hooks=("_create_process",)), enabled=True)[CLAIMED_FIX].reason
+    assert "DagFileProcessorManager has no _create_process" in missing
+
+
+def test_dag_processor_fact_readers():
+    def deleting(self, session):
+        for row in session.scalars(query):  # noqa: F821
+            requests.append(row.get_callback_request())  # noqa: F821
+            session.delete(row)
+
+    def keeping(self, session):
+        return [row.get_callback_request() for row in session.scalars(query)]  # noqa: F821
+
+    assert fetch_deletes_requests(deleting) is True
+    assert fetch_deletes_requests(keeping) is False
+    assert fetch_deletes_requests(len) is None
+    assert callback_payload(("id", "callback_data")) == "callback_data"
+    assert callback_payload(("id", "data", "state")) == "data"
+    assert callback_payload(("id",)) is None
+
+    def forking(cls, **kwargs):
+        return super().start(**kwargs)
+
+    def maybe_spawning(cls, **kwargs):
+        use_exec = supervisor._should_use_exec()  # noqa: F821
+        return use_exec
+
+    assert file_processors_forked(forking, should_use_exec=lambda: True) is True
+    assert file_processors_forked(maybe_spawning, should_use_exec=lambda: False) is True
+    assert file_processors_forked(maybe_spawning, should_use_exec=lambda: True) is False
+
+    def isolated(dagbag, requests, log):
+        for request in requests:
+            try:
+                _execute_task_callbacks(dagbag, request, log)  # noqa: F821
+            except Exception:
+                log.exception("Failed to execute callback request")
+
+    def not_isolated(dagbag, requests, log):
+        for request in requests:
+            _execute_task_callbacks(dagbag, request, log)  # noqa: F821
+
+    assert requests_isolated(isolated) is True
+    assert requests_isolated(not_isolated) is False
+    assert requests_isolated(len) is None
+
+    def refusing_first(msg, log):
+        result = check_dag_file_stability(msg.file)  # noqa: F821
+        if errors := result.get_error_format_dict(msg.file, msg.bundle_path):
+            return errors
+        if msg.callback_requests:
+            return None
+
+    def callbacks_first(msg, log):
+        result = check_dag_file_stability(msg.file)  # noqa: F821
+        if not msg.callback_requests and (errors := result.get_error_format_dict(msg.file, msg.bundle_path)):
+            return errors
+        return None
+
+    def no_check(msg, log):
+        if msg.callback_requests:
+            return None
+
+    assert inflation_check_blocks_callbacks(refusing_first) is True
+    assert inflation_check_blocks_callbacks(callbacks_first) is False
+    assert inflation_check_blocks_callbacks(no_check) is False
+    assert inflation_check_blocks_callbacks(len) is None

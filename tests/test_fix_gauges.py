@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from airflow_heartbeat_fix import activation
-from airflow_heartbeat_fix.detection import FIXES, NESTED_FIX, FixState
+from airflow_heartbeat_fix.detection import DAG_PROCESSOR_FIXES, FIXES, NESTED_FIX, SCHEDULER_FIXES, FixState
 from airflow_heartbeat_fix.metrics import gauge_name
 from testing.plugins import SESSION_TRACING_PLUGIN, install_plugin_folder
 from tests.test_activation import AIRFLOW, STATUS, _run
@@ -79,10 +79,22 @@ def test_fixed_scheduler_emits_a_gauge_per_fix_at_start_and_every_heartbeat(stat
     if not any(d.state is FixState.ACTIVE for d in decided.values()):
         assert gauges == {}  # nothing to carry: Airflow's own runner, no gauge
         return
-    expected = {fix: "1" if d.state is FixState.ACTIVE else "0" for fix, d in decided.items()}
+    # The scheduler's own fixes only: the Dag processor emits its own.
+    expected = {fix: "1" if decided[fix].state is FixState.ACTIVE else "0" for fix in SCHEDULER_FIXES}
     assert {fix: set(values) for fix, values in gauges.items()} == {fix: {v} for fix, v in expected.items()}
     # At the loop's start and again with the heartbeats that followed.
     assert all(len(values) >= 2 for values in gauges.values()), gauges
+
+
+def test_fixed_dag_processor_emits_a_gauge_per_fix_of_its_own(statsd: socket.socket, tmp_path: Path) -> None:
+    decided = activation.decide(activation.facts(), enabled=True)
+    env = {**_metrics_env(statsd), "AIRFLOW__CORE__DAGS_FOLDER": str(tmp_path)}
+    result = _run([AIRFLOW, "dag-processor", "--num-runs", "2"], enabled=True, env=env)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    lines = _received(statsd)
+    gauges = _gauges(lines)
+    expected = {fix: "1" if decided[fix].state is FixState.ACTIVE else "0" for fix in DAG_PROCESSOR_FIXES}
+    assert {fix: set(values) for fix, values in gauges.items()} == {fix: {v} for fix, v in expected.items()}
 
 
 def test_scheduler_switched_off_emits_no_fix_gauge(statsd: socket.socket) -> None:

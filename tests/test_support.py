@@ -23,7 +23,7 @@ from packaging.specifiers import SpecifierSet
 
 from airflow_heartbeat_fix import activation, cli, support
 from airflow_heartbeat_fix.demo.cli import main as demo_main
-from airflow_heartbeat_fix.detection import FIXES, FixState
+from airflow_heartbeat_fix.detection import FIXES, SCHEDULER_FIXES, FixState
 from tests.test_activation import STATUS, _run
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def test_outside_the_range_nothing_is_patched(airflow_2: str) -> None:
     decided = activation.install(raise_errors=True)
     assert scheduler_command.SchedulerJobRunner is stock
     assert {fix: (d.state, d.reason) for fix, d in decided.items()} == {
-        fix: (FixState.UNSUPPORTED, airflow_2) for fix in FIXES
+        fix: (FixState.UNSUPPORTED, airflow_2) for fix in SCHEDULER_FIXES
     }
     assert activation.summary(decided, "2.11.0") == (
         f"airflow-heartbeat-fix on Airflow 2.11.0: {airflow_2}; the scheduler runs Airflow's own classes"
@@ -127,7 +127,8 @@ def test_outside_the_range_the_wrapper_refuses_in_one_line(
 ) -> None:
     assert cli.main(["scheduler", "--num-runs", "1"]) == cli.EXIT_NOT_APPLIED
     assert capsys.readouterr().err.splitlines() == [
-        f"airflow-heartbeat-fix: refusing to start the scheduler without {', '.join(FIXES)}: {airflow_2}"
+        "airflow-heartbeat-fix: refusing to start the scheduler without "
+        f"{', '.join(SCHEDULER_FIXES)}: {airflow_2}"
     ]
 
 
@@ -216,7 +217,9 @@ def test_the_demo_reads_each_fix_state_off_every_start_line() -> None:
 
     states = itertools.cycle([FixState.DISABLED, FixState.NOT_NEEDED, FixState.UNSUPPORTED])
     reason = "a reason; with a semicolon"
-    decided = {fix: FixDecision(fix, state, reason) for fix, state in zip(FIXES, states, strict=False)}
+    decided = {
+        fix: FixDecision(fix, state, reason) for fix, state in zip(SCHEDULER_FIXES, states, strict=False)
+    }
     line = activation.summary(decided, "3.4.0b2", switched_off=True)
     assert line.startswith("airflow-heartbeat-fix on Airflow 3.4.0b2: off by configuration")
     assert logs.find_fix_summary(f"2026-12-02T00:00:00Z [info     ] {line} [airflow_heartbeat_fix]\n") == {

@@ -83,23 +83,26 @@ def _hung_tries(dag_maker: DagMaker, session: Session, dags: Path, tasks: tuple[
 @pytest.mark.usefixtures("clean_db")
 class TestDagProcessorKilled:
     # Above the harness's own bounds: it stops the Dag processors it started even when a run gets stuck.
-    @pytest.mark.timeout(400)
+    @pytest.mark.timeout(300)
     @pytest.mark.parametrize(
         ("kill", "at"),
         [
             (Kill.MANAGER, KillAt.FETCH),
             (Kill.GROUP, KillAt.FETCH),
             (Kill.FILE_PROCESSOR, KillAt.FIRST_CALLBACK),
+            (Kill.MANAGER, KillAt.FIRST_CALLBACK),
         ],
-        ids=["manager-at-fetch", "group-at-fetch", "file-processor-at-first-callback"],
+        ids=["manager-at-fetch", "group-at-fetch", "file-processor-mid-batch", "manager-mid-batch"],
     )
     def test_every_request_runs_after_kill(
         self, dag_maker: DagMaker, session: Session, tmp_path: Path, dags: Path, kill: Kill, at: KillAt
     ) -> None:
         """
-        Three requests; the Dag processor is killed the moment it fetched them (or the moment the first
-        callback started, for its file processor) and restarted. Each callback runs to its end once; the
-        one running at a file processor's kill may start a second time, never more.
+        Three requests; the Dag processor is killed the moment it fetched them, or the moment the first
+        callback started (mid-batch), and restarted if its manager was killed. Each callback runs to its
+        end once; the one running at a file processor's kill may start a second time, never more. A killed
+        manager's orphaned file processor finishes the callback it runs and starts no other: the restarted
+        Dag processor, alive at the same time, never starts that one.
         """
         write_dag_file(dags)
         tis = _hung_tries(dag_maker, session, dags)
@@ -116,6 +119,8 @@ class TestDagProcessorKilled:
 
 @pytest.mark.usefixtures("clean_db")
 class TestBatchIsolation:
+    """One ``airflow dag-processor``, no kill: the cases where stock drops callbacks by itself."""
+
     @pytest.mark.timeout(300)
     def test_bad_request_first_drops_none(
         self, dag_maker: DagMaker, session: Session, tmp_path: Path, dags: Path
@@ -160,9 +165,9 @@ class TestBatchIsolation:
         self, dag_maker: DagMaker, session: Session, tmp_path: Path, dags: Path
     ) -> None:
         """
-        Three 5 s callbacks in one batch, ``dag_file_processor_timeout`` 8 s: the file processor is killed
+        Three 3 s callbacks in one batch, ``dag_file_processor_timeout`` 5 s: the file processor is killed
         ("Killing it!") during the second. Every callback finishes once; the one running at each kill may
-        start again (stock: the rest of the batch is lost).
+        start again, first in its next batch (stock: the rest of the batch is lost).
         """
         write_dag_file(dags)
         tis = _hung_tries(dag_maker, session, dags)
@@ -172,7 +177,8 @@ class TestBatchIsolation:
             session,
             home=tmp_path,
             fix_enabled=is_enabled(),
-            AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT="8",
+            AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT="5",
+            HEARTBEAT_FIX_CALLBACK_SECONDS="3",
         )
 
         print(f"started {dict(ran.started)}, done {dict(ran.done)}")

@@ -44,6 +44,11 @@ if TYPE_CHECKING:
 
 #: Where the attempt count lives in a request's payload (the JSON the Dag processor parses ignores it).
 ATTEMPTS_KEY = "heartbeat_fix_attempts"
+#: PostgreSQL: ``SET LOCAL`` of both, in one statement.
+HOLD_SETTINGS = text(
+    "SELECT set_config('idle_in_transaction_session_timeout', '0', true), "
+    "set_config('tcp_keepalives_idle', '30', true)"
+)
 
 
 @dataclass(frozen=True)
@@ -207,8 +212,8 @@ class Claims:
         if connection.dialect.name == "postgresql":
             # A callback may run for minutes inside this transaction: a server-side idle limit would end
             # it (and free the lock while the callback runs); keepalives free a lost host's lock sooner.
-            for setting in ("idle_in_transaction_session_timeout = 0", "tcp_keepalives_idle = 30"):
-                connection.execute(text(f"SET LOCAL {setting}"))
+            # Local to the transaction (a pooler in transaction mode hands the session to others after).
+            connection.execute(HOLD_SETTINGS)
         row = self._locked_row(row_id)
         if row is None or self._payload.attempts(row[1]) != attempt:
             transaction.rollback()

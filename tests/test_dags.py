@@ -34,7 +34,15 @@ def dagbag() -> DagBag:
 def test_dags_import_without_errors(dagbag: DagBag) -> None:
     """Also: the package marker ``__init__.py`` (for package data) adds no Dag and no import error."""
     assert dagbag.import_errors == {}
-    assert set(dagbag.dag_ids) == {RETRY_DAG, CALLBACK_DAG, demo_result.MANY_DAG_ID}
+    assert set(dagbag.dag_ids) == {RETRY_DAG, CALLBACK_DAG, *demo_result.EVERY_DAG_ID}
+
+
+def test_dag_processor_killed_fails_every_run_with_one_slow_dag_failure_alert(dagbag: DagBag) -> None:
+    """``--scenario kill-dag-processor``: a Dag failure callback (run by the Dag processor), no retry."""
+    dag = dagbag.get_dag(demo_result.KILLED_DAG_ID)
+    assert dag.on_failure_callback
+    assert dag.get_task("incident").retries == 0
+    assert dag.max_active_runs >= len(demo_result.KILLED_RUNS)
 
 
 def test_many_hung_tasks_fails_each_mapped_task_instance_once(dagbag: DagBag) -> None:

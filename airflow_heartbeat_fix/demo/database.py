@@ -15,10 +15,9 @@ from airflow_heartbeat_fix.demo.logs import count_callbacks, count_emails, count
 from airflow_heartbeat_fix.demo.records import CALLBACK_LOG_NAME, EMAIL_LOG_NAME
 from airflow_heartbeat_fix.demo.result import (
     DAG_IDS,
-    MANY_SCENARIO,
+    EVERY_DAG_ID,
     DagOutcome,
     TryRow,
-    scenario_dag_ids,
     state_name,
 )
 
@@ -111,6 +110,10 @@ class Db:
         )
         with self.engine.begin() as conn:
             conn.execute(query, {"false": False, "dag_ids": list(self.dag_ids)})
+
+    def dag_run_states(self) -> dict[str, str | None]:
+        """Run id -> state of the Dag runs (``--scenario kill-dag-processor`` runs one Dag three times)."""
+        return {str(r["run_id"]): state_name(r["state"]) for r in self.rows("dag_run", ("run_id", "state"))}
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -208,7 +211,7 @@ def foreign_data(url: str, tables: list[str]) -> list[str]:
             query = text("SELECT dag_id FROM dag WHERE dag_id NOT IN :ours ORDER BY dag_id").bindparams(
                 bindparam("ours", expanding=True)
             )
-            every_demo_dag = list(scenario_dag_ids(MANY_SCENARIO))
+            every_demo_dag = list(EVERY_DAG_ID)
             others = list(conn.execute(query, {"ours": every_demo_dag}).scalars())
             if others:
                 found.append(f"Dags {', '.join(others[:5])}{', ...' if len(others) > 5 else ''}")

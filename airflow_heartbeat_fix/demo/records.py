@@ -18,6 +18,9 @@ from typing import Any
 
 CALLBACK_LOG_NAME = "callback_log.jsonl"
 EMAIL_LOG_NAME = "email_log.jsonl"
+#: ``--scenario kill-dag-processor``: a Dag run's failure callback, when it starts and when it is done.
+DAG_CALLBACK_LOG_NAME = "dag_callback_log.jsonl"
+DAG_CALLBACK_STARTED, DAG_CALLBACK_DONE = "started", "done"
 
 # Rendered by Airflow as the email subject (``[email] subject_template``); JSON so it parses back.
 SUBJECT_TEMPLATE = (
@@ -50,6 +53,14 @@ def record_failure(context: Any) -> None:
 def record_retry(context: Any) -> None:
     """``on_retry_callback`` of the demo Dags."""
     _record_callback("on_retry_callback", context)
+
+
+def record_dag_failure(context: Any, event: str) -> None:
+    """A Dag run's ``on_failure_callback`` (run by the Dag processor): ``event`` started or done."""
+    dag_run = context.get("dag_run")
+    run_id = context.get("run_id") or getattr(dag_run, "run_id", None)
+    dag_id = getattr(context.get("dag"), "dag_id", None) or getattr(dag_run, "dag_id", None)
+    _append(DAG_CALLBACK_LOG_NAME, {"dag_id": dag_id, "run_id": run_id, "event": event})
 
 
 def parse_subject(subject: str) -> dict[str, Any] | None:

@@ -27,6 +27,12 @@ MANY_SCENARIO = "many"
 #: How many task instances ``dags/many_hung_tasks.py`` maps (it imports this), each to get one callback.
 MANY_TASKS = 50
 
+#: ``--scenario kill-dag-processor``: runs of one Dag that fail at once; each run's failure callback
+#: runs in the Dag processor, which is SIGKILLed once the first has started, and restarted.
+KILLED_DAG_ID = "dag_processor_killed"
+KILL_DAG_PROCESSOR_SCENARIO = "kill-dag-processor"
+KILLED_RUNS = ("incident-1", "incident-2", "incident-3")
+
 RETRY_CALLBACK = "on_retry_callback"
 FAILURE_CALLBACK = "on_failure_callback"
 EMAIL = "email"
@@ -36,7 +42,13 @@ TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 
 def scenario_dag_ids(scenario: str) -> tuple[str, ...]:
     """The Dags a run of ``scenario`` deploys and triggers."""
+    if scenario == KILL_DAG_PROCESSOR_SCENARIO:
+        return (KILLED_DAG_ID,)
     return (*DAG_IDS, MANY_DAG_ID) if scenario == MANY_SCENARIO else DAG_IDS
+
+
+#: Every Dag any scenario deploys (a database holding others is not the demo's).
+EVERY_DAG_ID = (*DAG_IDS, MANY_DAG_ID, KILLED_DAG_ID)
 
 
 def state_name(value: Any) -> str | None:
@@ -137,6 +149,11 @@ class RunResult:
     injected: list[str] = field(default_factory=list)
     #: ``--scenario many``: how many mapped task instances the Dag has
     many_expected: int = 0
+    #: ``--scenario kill-dag-processor``: each Dag run's state, and how many of its failure callbacks
+    #: started and finished (run id -> count)
+    killed_runs: dict[str, str | None] = field(default_factory=dict)
+    dag_callbacks_started: dict[str, int] = field(default_factory=dict)
+    dag_callbacks_done: dict[str, int] = field(default_factory=dict)
 
 
 @functools.cache

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_heartbeat_fix.demo import alerts
 from airflow_heartbeat_fix.demo.config import DemoConfig, DemoError
 from airflow_heartbeat_fix.demo.database import Db, mark_database_as_demo, read_outcomes, sqlite_url
 from airflow_heartbeat_fix.demo.environment import isolated_env, prepare_home
@@ -33,8 +34,10 @@ from airflow_heartbeat_fix.demo.logs import (
 )
 from airflow_heartbeat_fix.demo.processes import Component, Processes, free_port, http_ok
 from airflow_heartbeat_fix.demo.progress import Progress, progress_line, run_phase
-from airflow_heartbeat_fix.demo.records import CALLBACK_LOG_NAME, EMAIL_LOG_NAME
+from airflow_heartbeat_fix.demo.records import CALLBACK_LOG_NAME, DAG_CALLBACK_LOG_NAME, EMAIL_LOG_NAME
 from airflow_heartbeat_fix.demo.result import (
+    KILLED_DAG_ID,
+    KILLED_RUNS,
     MANY_TASKS,
     DagOutcome,
     RunResult,
@@ -43,6 +46,8 @@ from airflow_heartbeat_fix.demo.result import (
     try_states,
 )
 from airflow_heartbeat_fix.demo.topology import (
+    DAG_PROCESSOR,
+    KILL_DAG_PROCESSOR,
     KILLS,
     MANY,
     component_commands,
@@ -267,6 +272,9 @@ class DemoRun:
         self._triggered = time.monotonic(), time.time()
         log = self.home / "logs" / "trigger.log"
         argvs = [[self.airflow, "dags", "trigger", dag_id] for dag_id in self.dag_ids]
+        if self.config.topology.scenario == KILL_DAG_PROCESSOR:
+            trigger = [self.airflow, "dags", "trigger", KILLED_DAG_ID, "--run-id"]
+            argvs = [[*trigger, run_id] for run_id in KILLED_RUNS]
         codes = self.procs.run(argvs, self.env, log, self.home, timeout=120)
         if any(code != 0 for code in codes):
             raise DemoError(f"airflow dags trigger failed (exit codes {codes}); see {log}")
@@ -314,6 +322,15 @@ class DemoRun:
         watching.kill_pending = False
         self._kill(victim, now - self._triggered[0])
         watching.schedulers = [s for s in watching.schedulers if s.name != victim]
+        if victim == DAG_PROCESSOR:  # an OOM-killed or evicted Dag processor comes back
+            argv = dict(
+                component_commands(
+                    self.config.topology, self.airflow, port=self.port, home=self.home, queue=self.queue
+                )
+            )[DAG_PROCESSOR]
+            name = f"{DAG_PROCESSOR}-2"
+            self.procs.start(name, argv, self.env, self.home / "logs" / f"{name}.out", self.home)
+            self.result.injected.append(f"restarted {DAG_PROCESSOR} as {name}")
 
     def _watch_schedulers(self, watching: _Watch, now: float) -> None:
         """The fixes each scheduler logged, and whether one crashed or exited (the first stands for all)."""
@@ -338,14 +355,30 @@ class DemoRun:
             exited=watching.exit_code is not None,
             terminal_for=None if watching.terminal_at is None else now - watching.terminal_at,
             quiet_for=now - watching.last_change,
-            callbacks_complete=callbacks_complete(dags, self.result.emails_via_backend),
+            callbacks_complete=callbacks_complete(dags, self.result.emails_via_backend)
+            and self._alerts_complete(),
             timeout=self.config.timeout,
             settle=self.config.settle,
         )
 
+    def _alerts(self) -> tuple[dict[str, str | None], list[dict[str, Any]]]:
+        """``kill-dag-processor``: the Dag runs' states and the alerts' lines (empty for other scenarios)."""
+        if self.config.topology.scenario != KILL_DAG_PROCESSOR or self.db is None:
+            return {}, []
+        with contextlib.suppress(Exception):  # the database is busy for a moment: nothing new yet
+            return self.db.dag_run_states(), read_jsonl(self.home / DAG_CALLBACK_LOG_NAME)
+        return {}, []
+
+    def _alerts_complete(self) -> bool:
+        runs, lines = self._alerts()
+        return alerts.alerts_complete(runs, alerts.done(lines))
+
     def _finish(self, reason: str, watching: _Watch) -> None:
         """Why the watch ended, whether the run converged, and every callback and email as a mark."""
         result = self.result
+        runs, lines = self._alerts()
+        result.killed_runs, result.dag_callbacks_started = runs, alerts.started(lines)
+        result.dag_callbacks_done = alerts.done(lines)
         result.stop_reason = reason
         result.converged = watching.terminal_at is not None and not result.scheduler.crashed
         result.marks = marks_from_logs(
@@ -361,7 +394,14 @@ class DemoRun:
         except Exception:  # the database is busy for a moment: try again next second
             return None
         logs = {name: c.read_log() for name, c in self.procs.components.items()}
-        return kill_target(self.config.topology.scenario, tis, logs)
+        runs, lines = self._alerts()
+        return kill_target(
+            self.config.topology.scenario,
+            tis,
+            logs,
+            runs=runs,
+            alerts_started=sum(alerts.started(lines).values()),
+        )
 
     def _kill(self, name: str, seconds: float) -> None:
         """SIGKILL ``name`` and everything in its process group, as the OOM killer or a node loss would."""

@@ -17,6 +17,9 @@ from tabulate import tabulate
 from airflow_heartbeat_fix.demo.result import (
     CALLBACK_DAG_ID,
     DAG_IDS,
+    KILL_DAG_PROCESSOR_SCENARIO,
+    KILLED_DAG_ID,
+    KILLED_RUNS,
     MANY_DAG_ID,
     MANY_SCENARIO,
     DagOutcome,
@@ -74,9 +77,22 @@ def _scenario_rows(result: RunResult) -> list[tuple[str, str]]:
             (MANY_DAG_ID, f"Dag run {outcome.run_state or '-'}"),
             ("  task instances", many_summary(outcome, result.many_expected)),
         ]
+    rows = []
+    if result.scenario == KILL_DAG_PROCESSOR_SCENARIO:
+        rows = [
+            (f"{KILLED_DAG_ID} {run_id}", _alert_cell(result, run_id))
+            for run_id in sorted(result.killed_runs or dict.fromkeys(KILLED_RUNS))
+        ]
     if result.scenario != "hung":
-        return [("injected", "; ".join(result.injected) or "nothing (the run ended first)")]
-    return []
+        rows.append(("injected", "; ".join(result.injected) or "nothing (the run ended first)"))
+    return rows
+
+
+def _alert_cell(result: RunResult, run_id: str) -> str:
+    """A Dag run of ``kill-dag-processor``: its state, and its failure alert's starts and finishes."""
+    started, done = result.dag_callbacks_started.get(run_id, 0), result.dag_callbacks_done.get(run_id, 0)
+    state = result.killed_runs.get(run_id) or "-"
+    return f"{state}; failure alert started {started}x, finished {done}x (expected: finished once)"
 
 
 def result_rows(
@@ -89,7 +105,7 @@ def result_rows(
     rows.append(
         ("fixes acting (log lines)", ", ".join(f"{fix} x{n}" for fix, n in actions.items()) or "none")
     )
-    for dag_id in DAG_IDS:
+    for dag_id in DAG_IDS if result.scenario != KILL_DAG_PROCESSOR_SCENARIO else ():
         rows += _dag_rows(result, dag_id, try_numbers.get(dag_id, []))
     rows += _scenario_rows(result)
     converge = (

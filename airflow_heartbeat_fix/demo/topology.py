@@ -10,7 +10,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_heartbeat_fix.demo.logs import scheduler_owning, worker_owning
-from airflow_heartbeat_fix.demo.result import CALLBACK_DAG_ID, DAG_IDS, MANY_SCENARIO, MANY_TASKS, state_name
+from airflow_heartbeat_fix.demo.result import (
+    CALLBACK_DAG_ID,
+    DAG_IDS,
+    KILL_DAG_PROCESSOR_SCENARIO,
+    KILLED_RUNS,
+    MANY_SCENARIO,
+    MANY_TASKS,
+    state_name,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -22,13 +30,18 @@ EXECUTORS = {LOCAL: "LocalExecutor", CELERY: "CeleryExecutor"}
 #: ``--scenario``: what happens besides the frozen supervisors. The kills come once both Dags' first
 #: tries run (frozen), and hit the component that owns the callback Dag's first try.
 HUNG, KILL_SCHEDULER, KILL_WORKER, MANY = "hung", "kill-scheduler", "kill-worker", MANY_SCENARIO
+KILL_DAG_PROCESSOR = KILL_DAG_PROCESSOR_SCENARIO
 SCENARIOS = {
     HUNG: "the tasks freeze their own supervisor (default)",
     KILL_SCHEDULER: "hung, then the scheduler that queued them is SIGKILLed; the other must adopt them",
     KILL_WORKER: "hung, then the Celery worker running them is SIGKILLed (the OOM-kill case)",
     MANY: f"hung, plus {MANY_TASKS} mapped task instances that freeze at once",
+    KILL_DAG_PROCESSOR: f"{len(KILLED_RUNS)} Dag runs fail at once; the Dag processor is SIGKILLed while "
+    "their failure alerts run, then restarted (any executor)",
 }
-KILLS = (KILL_SCHEDULER, KILL_WORKER)
+KILLS = (KILL_SCHEDULER, KILL_WORKER, KILL_DAG_PROCESSOR)
+#: The Dag processor's component name (:func:`component_commands`); a restarted one is ``dag-processor-2``.
+DAG_PROCESSOR = "dag-processor"
 #: About how long one run takes, start to stop, by executor and scenario: the runs of tests/e2e/
 #: TOPOLOGIES.md and docs/demo.md on 2 cores (LocalExecutor hung: 63-64 s on 3.3.2; Celery: 75-90 s
 #: hung, 110-260 s with a killed scheduler, 115-175 s with a killed worker, 260-320 s for many).
@@ -38,6 +51,7 @@ TYPICAL_RUN_SECONDS = {
     (CELERY, KILL_SCHEDULER): 180,
     (CELERY, KILL_WORKER): 150,
     (CELERY, MANY): 290,
+    (LOCAL, KILL_DAG_PROCESSOR): 70,
 }
 #: Before the trigger (database, components, Dag parse) and after the runs settle (stopping them).
 SETUP_SECONDS = 30
@@ -97,7 +111,7 @@ def topology_refusal(topology: Topology, database: str | None) -> str | None:
         return "--broker-url is for --executor celery"
     if topology.scenario not in SCENARIOS:
         return f"--scenario takes one of {', '.join(SCENARIOS)}"
-    if topology.scenario != HUNG and topology.executor != CELERY:
+    if topology.scenario not in (HUNG, KILL_DAG_PROCESSOR) and topology.executor != CELERY:
         return f"--scenario {topology.scenario} needs --executor celery"
     if topology.scenario == KILL_SCHEDULER and topology.schedulers < 2:
         return "--scenario kill-scheduler needs --schedulers 2 or more (one must survive to adopt)"
@@ -135,7 +149,7 @@ def component_commands(
 ) -> list[tuple[str, list[str]]]:
     """``(name, argv)`` of every long-running component; schedulers are named ``scheduler*``."""
     api = [airflow, "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1"]
-    commands = [("api-server", api), ("dag-processor", [airflow, "dag-processor"])]
+    commands = [("api-server", api), (DAG_PROCESSOR, [airflow, "dag-processor"])]
     scheduler = [airflow, "scheduler", "--skip-serve-logs"]
     if topology.schedulers == 1:
         commands.append(("scheduler", scheduler))
@@ -159,13 +173,25 @@ def is_celery_worker(name: str) -> bool:
     return name.startswith("celery-worker")
 
 
-def kill_target(scenario: str, tis: list[dict[str, Any]], logs: dict[str, str]) -> str | None:
+def kill_target(
+    scenario: str,
+    tis: list[dict[str, Any]],
+    logs: dict[str, str],
+    *,
+    runs: dict[str, str | None] | None = None,
+    alerts_started: int = 0,
+) -> str | None:
     """
     The component to SIGKILL now, or None: once both Dags' first tries run, the scheduler that sent the
     callback Dag's try to Celery (it logged that try's external executor id) or the worker that received it.
+    ``kill-dag-processor``: the Dag processor, once every Dag run of ``runs`` (run id -> state) has failed
+    (all their failure callbacks were sent) and the first alert has started (``alerts_started``).
     """
     if scenario not in KILLS:
         return None
+    if scenario == KILL_DAG_PROCESSOR:
+        failed = [state for state in (runs or {}).values() if state == "failed"]
+        return DAG_PROCESSOR if len(failed) >= len(KILLED_RUNS) and alerts_started > 0 else None
     first = {str(r["dag_id"]): r for r in tis if r.get("try_number") == 1}
     if any(state_name(first.get(d, {}).get("state")) != "running" for d in DAG_IDS):
         return None

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from airflow_heartbeat_fix.demo.alerts import lost_runs
 from airflow_heartbeat_fix.demo.result import (
     CALLBACK_DAG_ID,
     DAG_IDS,
+    KILL_DAG_PROCESSOR_SCENARIO,
+    KILLED_RUNS,
     MANY_DAG_ID,
     MANY_SCENARIO,
     RETRY_CALLBACK,
@@ -19,13 +22,15 @@ from airflow_heartbeat_fix.demo.result import (
     find_try,
     total_callbacks,
 )
-from airflow_heartbeat_fix.detection import NESTED_FIX, PURGE_FIX, SINK_FIX, FixState
+from airflow_heartbeat_fix.detection import CLAIMED_FIX, NESTED_FIX, PURGE_FIX, SINK_FIX, FixState
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
 CRASH = "crash"
 DUPLICATES = "duplicates"
+#: ``--scenario kill-dag-processor``: failure callbacks the killed Dag processor had fetched never run.
+LOST = "lost callbacks"
 #: What a correct scheduler does for each finished try: one callback, one email.
 EXPECTED_PER_TRY = "expected 1 per try"
 
@@ -57,12 +62,22 @@ LISTENER_CRASH_WORDS = (
     "a scheduler crash (DetachedInstanceError) as it starts the first Dag run: the listener's own "
     "session ends the scheduler's"
 )
+#: ``--scenario kill-dag-processor``: what stock shows.
+LOST_WORDS = (
+    "lost callbacks: the failure alerts the killed Dag processor had fetched never run, and nothing says so"
+)
 #: What the fixed run must show, whatever stock shows.
 FIXED_WORDS = "one callback of the right kind per try"
 
 
-def expectation_notice(needed_fixes: Mapping[str, str], *, listener: bool = False) -> str:
+def expectation_notice(
+    needed_fixes: Mapping[str, str], *, listener: bool = False, scenario: str = "hung"
+) -> str:
     """Which bug stock should show here and what the fixed run should do instead: said before it starts."""
+    if scenario == KILL_DAG_PROCESSOR_SCENARIO:
+        lost = needed_fixes.get(CLAIMED_FIX) == FixState.ACTIVE.value
+        stock = LOST_WORDS if lost else "no bug of this scenario's (this Airflow keeps callback requests)"
+        return f"stock should show {stock}; fixed, each failure alert finished once"
     if listener and needed_fixes.get(NESTED_FIX) == FixState.ACTIVE.value:
         stock = LISTENER_CRASH_WORDS
     elif bug := expected_stock_bug(needed_fixes):
@@ -70,6 +85,27 @@ def expectation_notice(needed_fixes: Mapping[str, str], *, listener: bool = Fals
     else:
         stock = "no bug of this demo's (this Airflow has them fixed upstream)"
     return f"stock should show {stock}; fixed, {FIXED_WORDS}"
+
+
+def expected_bug(result: RunResult) -> str | None:
+    """:func:`expected_stock_bug`, or for ``--scenario kill-dag-processor`` the Dag processor's bug."""
+    if result.scenario == KILL_DAG_PROCESSOR_SCENARIO:
+        return LOST if result.needed_fixes.get(CLAIMED_FIX) == FixState.ACTIVE.value else None
+    return expected_stock_bug(result.needed_fixes)
+
+
+def killed_dag_processor_problems(result: RunResult) -> list[str]:
+    """Each Dag run failed, and its failure alert finished exactly once (the interrupted one ran again)."""
+    problems = []
+    for run_id in KILLED_RUNS:
+        state, done = result.killed_runs.get(run_id), result.dag_callbacks_done.get(run_id, 0)
+        if state != "failed":
+            problems.append(f"Dag run {run_id} is {state or 'missing'}, expected failed")
+        elif done != 1:
+            problems.append(f"Dag run {run_id}: its failure alert finished {done} times, expected once")
+    if not any(line.startswith("SIGKILL") for line in result.injected):
+        problems.append("the Dag processor was never killed: nothing was tested")
+    return problems
 
 
 def all_runs_terminal(dags: Mapping[str, DagOutcome]) -> bool:
@@ -139,7 +175,10 @@ def fixed_problems(result: RunResult) -> list[str]:
     problems: list[str] = []
     if result.scheduler.crashed or not result.scheduler.alive:
         problems.append(f"scheduler did not survive: {result.scheduler.error or 'exited'}")
-    problems += _hung_dag_problems(result)
+    if result.scenario == KILL_DAG_PROCESSOR_SCENARIO:
+        problems += killed_dag_processor_problems(result)
+    else:
+        problems += _hung_dag_problems(result)
     outcome = result.dags.get(CALLBACK_DAG_ID)
     if outcome is not None:
         problems += _callback_problems(outcome, result.emails_via_backend)
@@ -169,7 +208,9 @@ def callbacks_complete(dags: Mapping[str, DagOutcome], emails_via_backend: bool)
 
 def stock_reproduced(result: RunResult) -> bool | None:
     """Whether the stock run shows the bug this Airflow has (None: detection says it needs no fix)."""
-    bug = expected_stock_bug(result.needed_fixes)
+    bug = expected_bug(result)
+    if bug == LOST:
+        return bool(lost_runs(result.killed_runs, result.dag_callbacks_done))
     if bug == CRASH:
         return result.scheduler.crashed
     if bug == DUPLICATES:
@@ -183,9 +224,17 @@ def stock_reproduced(result: RunResult) -> bool | None:
 
 def verdict_cell(result: RunResult) -> str:
     if not result.fix_enabled:
-        bug = expected_stock_bug(result.needed_fixes)
+        bug = expected_bug(result)
         if result.reproduced is None:
             return "no known bug in this version"
+        if bug == LOST:
+            lost = lost_runs(result.killed_runs, result.dag_callbacks_done)
+            failed = sum(1 for state in result.killed_runs.values() if state == "failed")
+            return (
+                f"bug reproduced ({bug}: {len(lost)} of {failed} failure alerts never ran)"
+                if lost
+                else (f"bug NOT reproduced ({bug} expected)")
+            )
         return f"bug reproduced ({bug})" if result.reproduced else f"bug NOT reproduced ({bug} expected)"
     return (
         "OK: converged as expected" if not result.problems else f"FAILED: {len(result.problems)} problem(s)"

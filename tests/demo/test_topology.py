@@ -83,6 +83,7 @@ def test_kill_target_waits_until_both_first_tries_run() -> None:
         (topology.Topology(scenario=topology.KILL_WORKER), "--scenario kill-worker needs --executor celery"),
         (dataclasses.replace(CELERY, schedulers=1, scenario=topology.KILL_SCHEDULER), "needs --schedulers 2"),
         (dataclasses.replace(CELERY, scenario=topology.KILL_SCHEDULER), None),
+        (topology.Topology(scenario=topology.KILL_DAG_PROCESSOR), None),
     ],
 )
 def test_scenario_refusal(shape: topology.Topology, refusal: str | None) -> None:
@@ -109,3 +110,15 @@ def test_duration_notice_gives_the_typical_time_and_the_bound() -> None:
     assert (
         topology.duration_notice(untimed, 2, 120) == "at most about 5 minutes (2 runs, --timeout 120 s each)"
     )
+
+
+def test_kill_dag_processor_waits_for_every_failed_run_and_the_first_alert() -> None:
+    """The Dag processor is killed once every run's failure callback was sent and one alert runs."""
+    scenario, runs = topology.KILL_DAG_PROCESSOR, dict.fromkeys(result.KILLED_RUNS, "failed")
+    assert result.scenario_dag_ids(scenario) == (result.KILLED_DAG_ID,)
+    assert topology.kill_target(scenario, [], {}, runs=runs, alerts_started=0) is None
+    assert (
+        topology.kill_target(scenario, [], {}, runs={**runs, "incident-3": "running"}, alerts_started=1)
+        is None
+    )
+    assert topology.kill_target(scenario, [], {}, runs=runs, alerts_started=1) == topology.DAG_PROCESSOR

@@ -6,7 +6,7 @@ import pytest
 
 from airflow_heartbeat_fix.demo import logs, result, verdicts
 from airflow_heartbeat_fix.demo.result import DagOutcome, SchedulerOutcome, TryRow
-from airflow_heartbeat_fix.detection import NESTED_FIX, PURGE_FIX, SINK_FIX
+from airflow_heartbeat_fix.detection import CLAIMED_FIX, NESTED_FIX, PURGE_FIX, SINK_FIX
 from tests.demo._results import (
     ACTIVE,
     CB,
@@ -113,3 +113,34 @@ def test_expectation_notice_names_the_bug_the_probe_expects() -> None:
     assert verdicts.expectation_notice({}).startswith("stock should show no bug of this demo's")
     with_listener = verdicts.expectation_notice({**DUPLICATES_NEEDS, NESTED_FIX: ACTIVE}, listener=True)
     assert with_listener.startswith("stock should show a scheduler crash (DetachedInstanceError)")
+
+
+def _killed(
+    *, fix_enabled: bool, done: dict[str, int], started: dict[str, int] | None = None
+) -> result.RunResult:
+    run = converged_result(fix_enabled=fix_enabled, needed_fixes={CLAIMED_FIX: ACTIVE})
+    run.scenario = result.KILL_DAG_PROCESSOR_SCENARIO
+    run.killed_runs = dict.fromkeys(result.KILLED_RUNS, "failed")
+    run.dag_callbacks_done, run.dag_callbacks_started = done, started or done
+    run.injected = ["SIGKILL dag-processor at 12 s", "restarted dag-processor as dag-processor-2"]
+    return run
+
+
+def test_kill_dag_processor_verdicts() -> None:
+    once = dict.fromkeys(result.KILLED_RUNS, 1)
+    lost = _killed(fix_enabled=False, done={}, started={"incident-1": 1})
+    assert verdicts.expected_bug(lost) == verdicts.LOST
+    lost.reproduced = verdicts.stock_reproduced(lost)
+    assert lost.reproduced is True
+    assert "3 of 3 failure alerts never ran" in verdicts.verdict_cell(lost)
+    assert verdicts.stock_reproduced(_killed(fix_enabled=False, done=once)) is False
+    rerun = _killed(fix_enabled=True, done=once, started={**once, "incident-1": 2})
+    assert verdicts.fixed_problems(rerun) == []
+    twice = _killed(fix_enabled=True, done={**once, "incident-2": 2})
+    assert verdicts.fixed_problems(twice) == [
+        "Dag run incident-2: its failure alert finished 2 times, expected once"
+    ]
+    missing = _killed(fix_enabled=True, done={"incident-1": 1})
+    assert len(verdicts.fixed_problems(missing)) == 2
+    notice = verdicts.expectation_notice({CLAIMED_FIX: ACTIVE}, scenario=result.KILL_DAG_PROCESSOR_SCENARIO)
+    assert notice.startswith("stock should show lost callbacks")

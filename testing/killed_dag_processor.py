@@ -136,6 +136,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def logged(home: Path, text: str) -> int:
+    """How often ``text`` appears in the Dag processors' logs in ``home`` (managers' and file processors')."""
+    logs = [*home.glob("*.log"), *(home / "logs").rglob("*.log")]
+    return sum(log.read_text(errors="replace").count(text) for log in logs if log.is_file())
+
+
 def stored_requests() -> int:
     """Callback requests for the Dag processor still in the metadata database."""
     from airflow.models.db_callback_request import DbCallbackRequest

@@ -66,8 +66,10 @@ def describe_tries(tries: Iterable[TryRow]) -> str:
 
 
 def progress_line(dags: Mapping[str, DagOutcome]) -> str:
+    """The tries of the reproduction Dags (of the Dags the run deployed), and the callbacks so far."""
     parts = []
-    for dag_id in DAG_IDS:
+    others = [dag_id for dag_id in dags if dag_id not in DAG_IDS]
+    for dag_id in others if others and not set(DAG_IDS) & set(dags) else DAG_IDS:
         outcome = dags.get(dag_id)
         parts.append(f"{dag_id}: {describe_tries(outcome.tries) if outcome else 'no run yet'}")
     callbacks = dags.get(CALLBACK_DAG_ID)

@@ -28,6 +28,7 @@ from testing.killed_dag_processor import (
     Kill,
     KillAt,
     kill_dag_processor,
+    logged,
     run_batch,
     write_dag_file,
 )
@@ -40,6 +41,14 @@ if TYPE_CHECKING:
     from tests_common.pytest_plugin import DagMaker
 
 pytestmark = pytest.mark.db_test
+
+
+def _inflation_fix_needed() -> bool:
+    """Whether this Airflow needs ``callbacks_past_inflation_check`` (3.2.0 to 3.3.1)."""
+    from airflow_heartbeat_fix.activation import decide, facts
+    from airflow_heartbeat_fix.detection import INFLATION_FIX, FixState
+
+    return decide(facts(), enabled=True)[INFLATION_FIX].state is FixState.ACTIVE
 
 
 def _clean_db() -> None:
@@ -115,6 +124,9 @@ class TestDagProcessorKilled:
         may_repeat = 1 if kill is Kill.FILE_PROCESSOR else 0
         assert sum(result.ran.started.values()) <= len(TASKS) + may_repeat, result.summary()
         assert result.stored_at_end == 0, result.summary()
+        # A second start is named: the fix's WARNING per rerun, and only then.
+        reruns = sum(result.ran.started.values()) - len(TASKS)
+        assert logged(tmp_path, "(attempt 2: the file processor running it before died)") == reruns
 
 
 @pytest.mark.usefixtures("clean_db")
@@ -137,6 +149,8 @@ class TestBatchIsolation:
 
         print(f"started {dict(ran.started)}, done {dict(ran.done)}")
         assert ran.done == dict.fromkeys(TASKS[:2], 1)
+        if is_enabled() and not logged(tmp_path, "Failed to execute callback request"):  # up to 3.3.1
+            assert logged(tmp_path, "failed; the rest of the batch runs all the same") == 1
 
     @pytest.mark.timeout(300)
     def test_blocked_version_inflation_check_drops_none(
@@ -159,6 +173,8 @@ class TestBatchIsolation:
 
         print(f"started {dict(ran.started)}, done {dict(ran.done)}")
         assert ran.done == dict.fromkeys(TASKS, 1)
+        bypassed = logged(tmp_path, "the Dag version inflation check refuses")
+        assert bypassed == (1 if is_enabled() and _inflation_fix_needed() else 0)
 
     @pytest.mark.timeout(300)
     def test_timed_out_batch_drops_none(

@@ -32,6 +32,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 
 #: Where the attempt count lives in a request's payload (the JSON the Dag processor parses ignores it).
 ATTEMPTS_KEY = "heartbeat_fix_attempts"
+#: Tries of a claim that meets a busy database before the batch gives up (its rows wait for the next).
+CLAIM_RETRIES = 3
 #: PostgreSQL: ``SET LOCAL`` of both, in one statement.
 HOLD_SETTINGS = text(
     "SELECT set_config('idle_in_transaction_session_timeout', '0', true), "
@@ -191,7 +194,25 @@ class Claims:
         return self.connection.execute(query).first()
 
     def claim(self, row_id: Any) -> Claimed | None:
-        """The request, held by this process; ``None`` if it is gone or another live process runs it."""
+        """
+        The request, held by this process; ``None`` if it is gone or another live process runs it. A busy
+        database (SQLite's write lock) is tried again a few times before the error is raised.
+        """
+        from sqlalchemy.exc import OperationalError
+
+        for retry in range(CLAIM_RETRIES):
+            try:
+                return self._claim(row_id)
+            except OperationalError:
+                if self.connection.in_transaction():
+                    self.connection.rollback()
+                self._file_unlock(row_id)
+                if retry == CLAIM_RETRIES - 1:
+                    raise
+                time.sleep(0.5 * (retry + 1))
+        return None
+
+    def _claim(self, row_id: Any) -> Claimed | None:
         if not self._file_lock(row_id):
             return None
         connection = self.connection

@@ -178,8 +178,22 @@ class ClaimedDeliveryMixin(DagFileProcessorManager):
         manager holds, and delete only what cannot run: rows that do not parse, rows past their attempts.
 
         Replaces the stock fetch rather than calling it: deleting each row is all the stock fetch adds to
-        the select. Delete with this fix (see the class).
+        the select. Delete with this fix (see the class). A database error (stock retries the fetch three
+        times) leaves everything stored for the next loop instead of ending the Dag processor.
         """
+        from sqlalchemy.exc import OperationalError
+
+        try:
+            return self._fetch_stored()
+        except OperationalError as error:
+            fix_logger(__name__).warning(
+                "airflow-heartbeat-fix (%s): fetching callback requests failed (%s); next loop",
+                CLAIMED_FIX,
+                str(error).splitlines()[0],
+            )
+            return []
+
+    def _fetch_stored(self) -> list[Any]:
         delivery, log = self._delivery, fix_logger(__name__)
         model = callback_request_model()
         table = model.__table__
@@ -280,6 +294,11 @@ class ClaimedDeliveryMixin(DagFileProcessorManager):
         callback_delivery.set_handover(handover)
         try:
             proc = super()._create_process(dag_file)
+        except BaseException:
+            # Not started (a failed fork): stock popped the batch; the next fetch takes the rows again.
+            for request in batch:
+                delivery.fetched.pop(id(request), None)
+            raise
         finally:
             callback_delivery.set_handover(None)
         for request in batch:

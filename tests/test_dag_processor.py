@@ -133,3 +133,100 @@ def test_the_dag_processor_emits_a_gauge_per_fix_of_its_own(monkeypatch: pytest.
     monkeypatch.setattr(metrics.Stats, "gauge", lambda name, value, *a, **k: sent.append((name, value)))
     DagProcessorGaugesMixin.emit_fix_gauges(SimpleNamespace(heartbeat_fixes=(CLAIMED_FIX,)))  # type: ignore[arg-type]
     assert sent == [(gauge_name(fix), int(fix == CLAIMED_FIX)) for fix in DAG_PROCESSOR_FIXES]
+
+
+# -- the fixed fetch, in-process, on the real table ------------------------------------------------------
+
+BUNDLE = "dags-folder"
+
+
+@pytest.fixture
+def stored() -> Any:
+    """Two Dag callback requests stored by Airflow's own sink; the table emptied before and after."""
+    from airflow.callbacks.callback_requests import DagCallbackRequest
+    from airflow.callbacks.database_callback_sink import DatabaseCallbackSink
+    from airflow.models.db_callback_request import DbCallbackRequest
+    from airflow.utils.session import create_session
+    from sqlalchemy import delete
+
+    def empty() -> None:
+        with create_session() as session:
+            session.execute(delete(DbCallbackRequest))
+
+    empty()
+    for run_id in ("a", "b"):
+        DatabaseCallbackSink().send(
+            DagCallbackRequest(
+                filepath="f.py", bundle_name=BUNDLE, bundle_version=None, dag_id="d", run_id=run_id
+            )
+        )
+    yield
+    empty()
+
+
+def _manager() -> Any:
+    from airflow.dag_processing.manager import DagFileProcessorManager
+
+    manager = build_manager_class((CLAIMED_FIX,), base=DagFileProcessorManager)(max_runs=1)
+    manager._dag_bundles = [SimpleNamespace(name=BUNDLE, supports_versioning=False, is_initialized=True)]
+    return manager
+
+
+def _rows() -> list[Any]:
+    from airflow.models.db_callback_request import DbCallbackRequest
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        return list(session.scalars(select(DbCallbackRequest.id)))
+
+
+def _set_payload(row_id: Any, change: Any) -> None:
+    from airflow.models.db_callback_request import DbCallbackRequest
+    from airflow.utils.session import create_session
+
+    from airflow_heartbeat_fix.callback_claims import Payload
+
+    payload = Payload.of(DbCallbackRequest.__table__)
+    with create_session() as session:
+        row = session.get(DbCallbackRequest, row_id)
+        setattr(row, payload.column.key, change(payload, getattr(row, payload.column.key)))
+
+
+@pytest.mark.db_test
+@pytest.mark.usefixtures("stored")
+class TestFetch:
+    def test_fetch_leaves_requests_stored_and_never_fetches_them_twice(self) -> None:
+        manager = _manager()
+        assert len(manager._fetch_without_delete()) == 2
+        assert len(_rows()) == 2
+        assert manager._fetch_without_delete() == []  # queued here: not fetched again
+
+    def test_a_request_past_its_attempts_is_deleted_unrun(self) -> None:
+        first, second = _rows()
+        _set_payload(first, lambda payload, value: payload.with_attempts(value, 3))
+        fetched = _manager()._fetch_without_delete()
+        assert len(fetched) == 1
+        assert _rows() == [second]
+
+    def test_an_unreadable_request_is_deleted(self) -> None:
+        first, second = _rows()
+
+        def unreadable(payload: Any, value: Any) -> Any:
+            return "{not json" if payload.holds_string else {**value, "req_class": "NoSuchRequest"}
+
+        _set_payload(first, unreadable)
+        assert len(_manager()._fetch_without_delete()) == 1
+        assert _rows() == [second]
+
+    def test_a_request_no_file_processor_claims_is_abandoned_after_the_limit(self) -> None:
+        manager = _manager()
+        delivery = manager._delivery
+        for _ in range(delivery.max_attempts):
+            fetched = manager._fetch_without_delete()
+            assert len(fetched) == 2
+            for request in fetched:  # handed out, as _create_process does; the processor exits unclaimed
+                row_id, attempts = delivery.fetched.pop(id(request))
+                delivery.handed[row_id] = attempts
+        assert manager._fetch_without_delete() == []
+        assert _rows() == []

@@ -20,7 +20,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow.dag_processing.manager import DagFileProcessorManager
 from airflow.utils.session import create_session
 from sqlalchemy import select
 
@@ -28,6 +27,7 @@ from airflow_heartbeat_fix import callback_delivery
 from airflow_heartbeat_fix._compat import (
     Stats,
     callback_request_model,
+    dag_processor_manager_class,
     file_processor_module,
     metadata_engine,
     with_row_locks,
@@ -45,6 +45,10 @@ from airflow_heartbeat_fix.metrics import emit_fix_gauges
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
+
+    from airflow.dag_processing.manager import DagFileProcessorManager
+else:
+    DagFileProcessorManager = dag_processor_manager_class()
 
 #: What the manager logs after a fetch that found requests (the tests kill it the moment it appears).
 FETCHED = "left stored until they have run"

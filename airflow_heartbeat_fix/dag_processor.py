@@ -244,7 +244,10 @@ class ClaimedDeliveryMixin(DagFileProcessorManager):
                     delivery.unclaimed[row.id],
                     delivery.max_attempts,
                 )
-                delivery.unclaimed[row.id] = unclaimed
+                if unclaimed:
+                    delivery.unclaimed[row.id] = unclaimed
+                else:
+                    delivery.unclaimed.pop(row.id, None)
                 if verdict is not Verdict.RUN:
                     self._abandon(session, row, request, verdict, attempts or unclaimed)
                     continue

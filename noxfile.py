@@ -264,10 +264,13 @@ def run_pytest(
     (home / "airflow").mkdir(parents=True)
     env = isolated_airflow_env(
         home / "airflow",
-        HEARTBEAT_FIX_TEST_DB_URL=f"sqlite:///{home}/airflow.db",
-        HEARTBEAT_FIX_CELL=cell,
-        **WRITE_BYTECODE,
-        **env,
+        # The cell's own values (a PostgreSQL database URL) over the defaults: one mapping, one value each.
+        **{
+            "HEARTBEAT_FIX_TEST_DB_URL": f"sqlite:///{home}/airflow.db",
+            "HEARTBEAT_FIX_CELL": cell,
+            **WRITE_BYTECODE,
+            **env,
+        },
     )
     log = RESULTS / f"{cell}.log"
     session.log(f"{cell}: output in {log.relative_to(ROOT)}")

@@ -115,12 +115,14 @@ def _environment(args: argparse.Namespace, home: Path, port: int, queue: str) ->
         home=home,
         database_url=database,
         api_port=port,
-        fix_enabled=args.mode == "fixed",
+        fix_enabled=args.mode != "stock",
         heartbeat_timeout=args.heartbeat_timeout,
         detection_interval=args.detection_interval,
         jwt_secret=secrets.token_urlsafe(32),
     )
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if args.mode == "prototype":  # the launcher lives in this repository's benchmarks/
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     if args.executor == "celery":
         env.update(
             {
@@ -148,13 +150,16 @@ def _environment(args: argparse.Namespace, home: Path, port: int, queue: str) ->
 def _start(args: argparse.Namespace, procs: Processes, airflow: str, env: dict[str, str], home: Path,
            port: int, queue: str) -> None:
     logs = home / "logs"
-    migrate = [airflow, "db", "reset", "-y"] if args.database else [airflow, "db", "migrate"]
-    if procs.run([migrate], env, logs / "migrate.log", home, timeout=300) != [0]:
+    if procs.run([[airflow, "db", "migrate"]], env, logs / "migrate.log", home, timeout=300) != [0]:
         raise RuntimeError(f"database setup failed: {logs / 'migrate.log'}")
     api = [airflow, "api-server", "--apps", "execution", "-H", "127.0.0.1", "-p", str(port), "-w", "1"]
     procs.start("api-server", api, env, logs / "api-server.out", home)
     procs.start("dag-processor", [airflow, "dag-processor"], env, logs / "dag-processor.out", home)
-    procs.start("scheduler", [airflow, "scheduler", "--skip-serve-logs"], env, logs / "scheduler.out", home)
+    scheduler = [airflow, "scheduler", "--skip-serve-logs"]
+    if args.mode == "prototype":
+        python = str(Path(airflow).with_name("python"))
+        scheduler = [python, "-m", "benchmarks.prototype_scheduler", "scheduler", "--skip-serve-logs"]
+    procs.start("scheduler", scheduler, env, logs / "scheduler.out", home)
     if args.executor == "celery":
         for n in (1, 2):
             worker = [airflow, "celery", "worker", "--queues", queue, "--concurrency", "2", "--skip-serve-logs"]
@@ -211,6 +216,12 @@ def one_run(args: argparse.Namespace, airflow: str, run: int) -> dict[str, Any]:
             time.sleep(0.2)
         result: dict[str, Any] = {"run": run, "executor": args.executor, "mode": args.mode, "kill": args.kill}
         if args.kill != "none":
+            if args.kill_after_heartbeat is not None:
+                # Kill a set time after a heartbeat lands: 0 is the fix's worst case (the longest a live
+                # worker's heartbeat may be missing still lies ahead), about one interval its best.
+                seen = running_with_pid()["last_heartbeat_at"]
+                _wait(lambda: running_with_pid()["last_heartbeat_at"] != seen, 30, 0.05)
+                time.sleep(args.kill_after_heartbeat)
             live = running_with_pid()
             task_proc = psutil.Process(int(live["pid"]))
             target = task_proc if args.kill == "task" else task_proc.parent()
@@ -223,7 +234,15 @@ def one_run(args: argparse.Namespace, airflow: str, run: int) -> dict[str, Any]:
         else:
             t_kill = started
 
+        restarts: list[float] = []
+
         def judged() -> dict[str, Any] | None:
+            scheduler = procs.components["scheduler"]
+            if scheduler.exit_code() is not None and args.restart_scheduler:
+                # As Kubernetes would: a crashed scheduler is started again (each start re-reads the events).
+                restarts.append(round(time.monotonic() - t_kill, 1))
+                scheduler.log_file.close()
+                procs.start("scheduler", scheduler.popen.args, env, logs / "scheduler.out", home)
             rows = _rows(engine)
             first = next((r for r in rows if r["try_number"] == 1), None)
             if any(r["try_number"] >= 2 for r in rows) or (first and first["state"] != "running"):
@@ -243,6 +262,10 @@ def one_run(args: argparse.Namespace, airflow: str, run: int) -> dict[str, Any]:
             result["kill_to_try2_running_s"] = round(time.monotonic() - t_kill, 2) if t_retry else None
         time.sleep(args.settle)
         result["tries_at_end"] = [(r["try_number"], r["state"]) for r in _rows(engine)]
+        result["scheduler_restarts_at_s"] = restarts
+        result["scheduler_crashes_logged"] = procs.components["scheduler"].read_log().count(
+            "Exception when executing SchedulerJob._run_scheduler_loop"
+        )
         callbacks = home / "callbacks.log"
         result["callbacks"] = [line.split(" ", 1)[1] for line in callbacks.read_text().splitlines()] if callbacks.exists() else []
         result["heartbeat_age_samples"] = len(ages)
@@ -259,9 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--executor", choices=("local", "celery"), default="local")
     parser.add_argument("--kill", choices=("task", "supervisor", "none"), default="task")
-    parser.add_argument("--mode", choices=("stock", "fixed"), default="stock")
+    parser.add_argument("--mode", choices=("stock", "fixed", "prototype"), default="stock")
     parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--database", help="SQLAlchemy URL (reset!); default SQLite in the home")
+    parser.add_argument("--database", help="SQLAlchemy URL of an empty database (one run); default SQLite in the home")
     parser.add_argument("--broker-url", help="Redis URL for --executor celery")
     parser.add_argument("--redelivery", action="store_true", help="short visibility timeout and token lifetime")
     parser.add_argument("--visibility-timeout", type=int, default=20)
@@ -269,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task-seconds", type=int, default=900)
     parser.add_argument("--sample", type=float, default=30.0, help="seconds of heartbeat-age sampling first")
     parser.add_argument("--settle", type=float, default=5.0)
+    parser.add_argument("--restart-scheduler", action="store_true", help="start a crashed scheduler again")
+    parser.add_argument("--kill-after-heartbeat", type=float, help="kill this many seconds after a heartbeat")
     parser.add_argument("--heartbeat-timeout", type=int, default=300)
     parser.add_argument("--detection-interval", type=int, default=10)
     args = parser.parse_args(argv)

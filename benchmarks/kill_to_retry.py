@@ -69,7 +69,12 @@ def kill_to_retry():
         on_retry_callback=_record("retry"),
     )
     def sleeper():
-        time.sleep(SLEEP)
+        # CHATTY > 0: a line of output every CHATTY seconds (output wakes the supervisor's select loop).
+        end = time.monotonic() + SLEEP
+        while time.monotonic() < end:
+            time.sleep(CHATTY or SLEEP)
+            if CHATTY:
+                print("still working", flush=True)
 
     sleeper()
 
@@ -184,7 +189,7 @@ def _ready(args: argparse.Namespace, procs: Processes, engine: Any, port: int) -
 def one_run(args: argparse.Namespace, airflow: str, run: int) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix=f"hbfix-k2r-{run}-"))
     sleep = args.task_seconds
-    prepare_home(home, {f"{DAG_ID}.py": DAG_SOURCE.replace("DAG_ID", DAG_ID).replace("SLEEP", str(sleep))})
+    prepare_home(home, {f"{DAG_ID}.py": DAG_SOURCE.replace("DAG_ID", DAG_ID).replace("SLEEP", str(sleep)).replace("CHATTY", str(args.chatty))})
     port, queue = free_port(), f"k2r_{os.getpid()}_{run}"
     env = _environment(args, home, port, queue)
     procs = Processes(marker=f"hbfix-k2r-{os.getpid()}-{run}")
@@ -290,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--visibility-timeout", type=int, default=20)
     parser.add_argument("--token-lifetime", type=int, default=10)
     parser.add_argument("--task-seconds", type=int, default=900)
+    parser.add_argument("--chatty", type=float, default=0, help="the task prints a line every this many seconds")
     parser.add_argument("--sample", type=float, default=30.0, help="seconds of heartbeat-age sampling first")
     parser.add_argument("--settle", type=float, default=5.0)
     parser.add_argument("--restart-scheduler", action="store_true", help="start a crashed scheduler again")

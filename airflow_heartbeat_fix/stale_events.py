@@ -58,14 +58,25 @@ class _Kept:
 
 
 def _is_task_key(key: Any) -> bool:
-    return isinstance(key, TaskInstanceKey) or (TaskInstanceUuid is not None and isinstance(key, TaskInstanceUuid))
+    return isinstance(key, TaskInstanceKey) or (
+        TaskInstanceUuid is not None and isinstance(key, TaskInstanceUuid)
+    )
 
 
 def _rows_for(keys: list[Any], session: Session) -> dict[Any, Any]:
     """key -> the try's row (state, try_number, queued_by_job_id, last heartbeat, hostname, pid), if any."""
     columns = (
-        TI.id, TI.dag_id, TI.task_id, TI.run_id, TI.map_index, TI.try_number, TI.state,
-        TI.queued_by_job_id, TI.last_heartbeat_at, TI.hostname, TI.pid,
+        TI.id,
+        TI.dag_id,
+        TI.task_id,
+        TI.run_id,
+        TI.map_index,
+        TI.try_number,
+        TI.state,
+        TI.queued_by_job_id,
+        TI.last_heartbeat_at,
+        TI.hostname,
+        TI.pid,
     )
     by_id = [key.id for key in keys if TaskInstanceUuid is not None and isinstance(key, TaskInstanceUuid)]
     by_key = [key for key in keys if isinstance(key, TaskInstanceKey)]
@@ -76,7 +87,12 @@ def _rows_for(keys: list[Any], session: Session) -> dict[Any, Any]:
         clauses.append(
             or_(
                 *(
-                    and_(TI.dag_id == k.dag_id, TI.task_id == k.task_id, TI.run_id == k.run_id, TI.map_index == k.map_index)
+                    and_(
+                        TI.dag_id == k.dag_id,
+                        TI.task_id == k.task_id,
+                        TI.run_id == k.run_id,
+                        TI.map_index == k.map_index,
+                    )
                     for k in by_key
                 )
             )
@@ -85,13 +101,22 @@ def _rows_for(keys: list[Any], session: Session) -> dict[Any, Any]:
         return {}
     query = select(*columns).where(or_(*clauses))
     if hasattr(TI, "working_set"):
-        query = query.where(or_(TI.id.in_(by_id), TI.working_set.is_(True))) if by_id else query.where(TI.working_set.is_(True))
+        query = (
+            query.where(or_(TI.id.in_(by_id), TI.working_set.is_(True)))
+            if by_id
+            else query.where(TI.working_set.is_(True))
+        )
     rows = session.execute(query).all()
     found: dict[Any, Any] = {}
     for row in rows:
         for key in keys:
             if isinstance(key, TaskInstanceKey):
-                if (row.dag_id, row.task_id, row.run_id, row.map_index) == (key.dag_id, key.task_id, key.run_id, key.map_index):
+                if (row.dag_id, row.task_id, row.run_id, row.map_index) == (
+                    key.dag_id,
+                    key.task_id,
+                    key.run_id,
+                    key.map_index,
+                ):
                     found[key] = row
             elif str(key.id) == str(row.id):
                 found[key] = row
@@ -140,12 +165,19 @@ class StaleExecutorEventsPrototypeMixin(SchedulerJobRunner):
                 del kept[key]
                 executor.event_buffer.setdefault(key, (held.state, held.info))
                 row = rows.get(key)
-                age = None if row is None or row.last_heartbeat_at is None else (now - row.last_heartbeat_at).total_seconds()
+                age = (
+                    None
+                    if row is None or row.last_heartbeat_at is None
+                    else (now - row.last_heartbeat_at).total_seconds()
+                )
                 self.log.warning(
                     "Handing back the executor event %s for %s, set aside %.1fs ago: the try is %s, last "
                     "heartbeat %s s ago",
-                    held.state, key, (now - held.first_seen).total_seconds(),
-                    None if row is None else row.state, None if age is None else round(age, 1),
+                    held.state,
+                    key,
+                    (now - held.first_seen).total_seconds(),
+                    None if row is None else row.state,
+                    None if age is None else round(age, 1),
                 )
                 Stats.incr("heartbeat_fix.executor_event.handed_back")
         for key, (state, info) in fresh.items():
@@ -165,4 +197,6 @@ class StaleExecutorEventsPrototypeMixin(SchedulerJobRunner):
             self.log.warning(msg)
             # Log reads dag_id, task_id, run_id, try_number, map_index (and, on 3.4, id) off what it is given.
             session.add(Log(event="stale executor event", task_instance=row, extra=msg))
-            Stats.incr("heartbeat_fix.executor_event.set_aside", tags={"dag_id": row.dag_id, "task_id": row.task_id})
+            Stats.incr(
+                "heartbeat_fix.executor_event.set_aside", tags={"dag_id": row.dag_id, "task_id": row.task_id}
+            )

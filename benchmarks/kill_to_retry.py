@@ -44,7 +44,7 @@ from airflow_heartbeat_fix.demo.logs import celery_worker_ready
 from airflow_heartbeat_fix.demo.processes import Processes, free_port, http_ok
 
 DAG_ID = "kill_to_retry"
-DAG_SOURCE = '''
+DAG_SOURCE = """
 import os
 import time
 from datetime import datetime, timedelta
@@ -80,7 +80,7 @@ def kill_to_retry():
 
 
 kill_to_retry()
-'''
+"""
 
 
 def _rows(engine: Any) -> list[dict[str, Any]]:
@@ -139,9 +139,9 @@ def _environment(args: argparse.Namespace, home: Path, port: int, queue: str) ->
             }
         )
     if args.redelivery:
-        # Redis redelivers an unacknowledged message after the visibility timeout; the workload token lives
-        # [scheduler] task_queued_timeout (600 s by default, the visibility timeout 86,400 s: at the defaults a
-        # redelivery always carries an expired token). Shortened so a redelivery happens mid-task.
+        # Redis redelivers an unacknowledged message after the visibility timeout; the workload token
+        # lives [scheduler] task_queued_timeout (600 s by default, the visibility timeout 86,400 s: at the
+        # defaults a redelivery always carries an expired token). Shortened so one happens mid-task.
         env.update(
             {
                 "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": str(args.visibility_timeout),
@@ -152,8 +152,15 @@ def _environment(args: argparse.Namespace, home: Path, port: int, queue: str) ->
     return env
 
 
-def _start(args: argparse.Namespace, procs: Processes, airflow: str, env: dict[str, str], home: Path,
-           port: int, queue: str) -> None:
+def _start(
+    args: argparse.Namespace,
+    procs: Processes,
+    airflow: str,
+    env: dict[str, str],
+    home: Path,
+    port: int,
+    queue: str,
+) -> None:
     logs = home / "logs"
     if procs.run([[airflow, "db", "migrate"]], env, logs / "migrate.log", home, timeout=300) != [0]:
         raise RuntimeError(f"database setup failed: {logs / 'migrate.log'}")
@@ -167,7 +174,16 @@ def _start(args: argparse.Namespace, procs: Processes, airflow: str, env: dict[s
     procs.start("scheduler", scheduler, env, logs / "scheduler.out", home)
     if args.executor == "celery":
         for n in (1, 2):
-            worker = [airflow, "celery", "worker", "--queues", queue, "--concurrency", "2", "--skip-serve-logs"]
+            worker = [
+                airflow,
+                "celery",
+                "worker",
+                "--queues",
+                queue,
+                "--concurrency",
+                "2",
+                "--skip-serve-logs",
+            ]
             worker += ["--celery-hostname", f"worker{n}@{queue}", "--pid", str(home / f"worker-{n}.pid")]
             procs.start(f"celery-worker-{n}", worker, env, logs / f"celery-worker-{n}.out", home)
 
@@ -175,7 +191,9 @@ def _start(args: argparse.Namespace, procs: Processes, airflow: str, env: dict[s
 def _ready(args: argparse.Namespace, procs: Processes, engine: Any, port: int) -> bool:
     try:
         with engine.connect() as conn:
-            parsed = conn.execute(text("SELECT 1 FROM serialized_dag WHERE dag_id = :d"), {"d": DAG_ID}).first()
+            parsed = conn.execute(
+                text("SELECT 1 FROM serialized_dag WHERE dag_id = :d"), {"d": DAG_ID}
+            ).first()
     except Exception:
         return False
     workers = [c for name, c in procs.components.items() if name.startswith("celery-worker")]
@@ -189,7 +207,14 @@ def _ready(args: argparse.Namespace, procs: Processes, engine: Any, port: int) -
 def one_run(args: argparse.Namespace, airflow: str, run: int) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix=f"hbfix-k2r-{run}-"))
     sleep = args.task_seconds
-    prepare_home(home, {f"{DAG_ID}.py": DAG_SOURCE.replace("DAG_ID", DAG_ID).replace("SLEEP", str(sleep)).replace("CHATTY", str(args.chatty))})
+    prepare_home(
+        home,
+        {
+            f"{DAG_ID}.py": DAG_SOURCE.replace("DAG_ID", DAG_ID)
+            .replace("SLEEP", str(sleep))
+            .replace("CHATTY", str(args.chatty))
+        },
+    )
     port, queue = free_port(), f"k2r_{os.getpid()}_{run}"
     env = _environment(args, home, port, queue)
     procs = Processes(marker=f"hbfix-k2r-{os.getpid()}-{run}")
@@ -201,12 +226,16 @@ def one_run(args: argparse.Namespace, airflow: str, run: int) -> dict[str, Any]:
             raise RuntimeError(f"components not ready; see {logs}")
         with engine.begin() as conn:
             conn.execute(text("UPDATE dag SET is_paused = false WHERE dag_id = :d"), {"d": DAG_ID})
-        if procs.run([[airflow, "dags", "trigger", DAG_ID]], env, logs / "trigger.log", home, timeout=120) != [0]:
+        if procs.run(
+            [[airflow, "dags", "trigger", DAG_ID]], env, logs / "trigger.log", home, timeout=120
+        ) != [0]:
             raise RuntimeError("trigger failed")
 
         def running_with_pid() -> dict[str, Any] | None:
             rows = _rows(engine)
-            return next((r for r in rows if r["state"] == "running" and r["pid"] and r["last_heartbeat_at"]), None)
+            return next(
+                (r for r in rows if r["state"] == "running" and r["pid"] and r["last_heartbeat_at"]), None
+            )
 
         live = _wait(running_with_pid, 300, 0.5)
         if not live:
@@ -234,7 +263,9 @@ def one_run(args: argparse.Namespace, airflow: str, run: int) -> dict[str, Any]:
             killed_at = datetime.now(timezone.utc)
             t_kill = time.monotonic()
             os.kill(target.pid, signal.SIGKILL)
-            result["killed"] = f"{target.pid} {' '.join(target.cmdline())[:60]!r}" if target.is_running() else target.pid
+            result["killed"] = (
+                f"{target.pid} {' '.join(target.cmdline())[:60]!r}" if target.is_running() else target.pid
+            )
             result["heartbeat_age_at_kill_s"] = round((killed_at - last_heartbeat).total_seconds(), 2)
         else:
             t_kill = started
@@ -257,7 +288,9 @@ def one_run(args: argparse.Namespace, airflow: str, run: int) -> dict[str, Any]:
         wait_for = args.heartbeat_timeout + 120 if args.kill != "none" else sleep + 120
         got = _wait(judged, wait_for, 0.1)
         result["kill_to_judged_s"] = round(time.monotonic() - t_kill, 2) if got else None
-        result["try1_state_then"] = next((r["state"] for r in got["rows"] if r["try_number"] == 1), None) if got else None
+        result["try1_state_then"] = (
+            next((r["state"] for r in got["rows"] if r["try_number"] == 1), None) if got else None
+        )
 
         def try2_running() -> bool:
             return any(r["try_number"] >= 2 and r["state"] == "running" for r in _rows(engine))
@@ -268,11 +301,17 @@ def one_run(args: argparse.Namespace, airflow: str, run: int) -> dict[str, Any]:
         time.sleep(args.settle)
         result["tries_at_end"] = [(r["try_number"], r["state"]) for r in _rows(engine)]
         result["scheduler_restarts_at_s"] = restarts
-        result["scheduler_crashes_logged"] = procs.components["scheduler"].read_log().count(
-            "Exception when executing SchedulerJob._run_scheduler_loop"
+        result["scheduler_crashes_logged"] = (
+            procs.components["scheduler"]
+            .read_log()
+            .count("Exception when executing SchedulerJob._run_scheduler_loop")
         )
         callbacks = home / "callbacks.log"
-        result["callbacks"] = [line.split(" ", 1)[1] for line in callbacks.read_text().splitlines()] if callbacks.exists() else []
+        result["callbacks"] = (
+            [line.split(" ", 1)[1] for line in callbacks.read_text().splitlines()]
+            if callbacks.exists()
+            else []
+        )
         result["heartbeat_age_samples"] = len(ages)
         result["heartbeat_age_max_s"] = round(max(ages), 2) if ages else None
         result["heartbeat_age_p50_s"] = round(statistics.median(ages), 2) if ages else None
@@ -284,18 +323,26 @@ def one_run(args: argparse.Namespace, airflow: str, run: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--executor", choices=("local", "celery"), default="local")
     parser.add_argument("--kill", choices=("task", "supervisor", "none"), default="task")
     parser.add_argument("--mode", choices=("stock", "fixed", "prototype"), default="stock")
     parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--database", help="SQLAlchemy URL of an empty database (one run); default SQLite in the home")
+    parser.add_argument(
+        "--database", help="SQLAlchemy URL of an empty database (one run); default SQLite in the home"
+    )
     parser.add_argument("--broker-url", help="Redis URL for --executor celery")
-    parser.add_argument("--redelivery", action="store_true", help="short visibility timeout and token lifetime")
+    parser.add_argument(
+        "--redelivery", action="store_true", help="short visibility timeout and token lifetime"
+    )
     parser.add_argument("--visibility-timeout", type=int, default=20)
     parser.add_argument("--token-lifetime", type=int, default=10)
     parser.add_argument("--task-seconds", type=int, default=900)
-    parser.add_argument("--chatty", type=float, default=0, help="the task prints a line every this many seconds")
+    parser.add_argument(
+        "--chatty", type=float, default=0, help="the task prints a line every this many seconds"
+    )
     parser.add_argument("--sample", type=float, default=30.0, help="seconds of heartbeat-age sampling first")
     parser.add_argument("--settle", type=float, default=5.0)
     parser.add_argument("--restart-scheduler", action="store_true", help="start a crashed scheduler again")

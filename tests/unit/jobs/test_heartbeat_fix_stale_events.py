@@ -52,7 +52,9 @@ DEAD_HEARTBEAT_AGE = timedelta(hours=1)
 
 
 def _make_running(ti: Any, runner: Any, session: Session, *, heartbeat_age: timedelta) -> Any:
-    """``ti`` as its worker leaves it: RUNNING try 1, queued by ``runner``, last heartbeat ``heartbeat_age`` ago."""
+    """
+    ``ti`` as its worker leaves it: RUNNING try 1, queued by ``runner``, last heartbeat ``heartbeat_age`` ago.
+    """
     now = datetime.now(timezone.utc)
     ti.state = TaskInstanceState.RUNNING
     ti.try_number = 1
@@ -128,15 +130,21 @@ class TestSchedulerJob:
     @pytest.mark.parametrize(
         ("event_state", "operator"),
         [
-            pytest.param(TaskInstanceState.FAILED, {"retries": 1, "callbacks": True}, id="failed_retryable_callbacks"),
-            pytest.param(TaskInstanceState.FAILED, {"retries": 0, "callbacks": True}, id="failed_no_retries_callbacks"),
+            pytest.param(
+                TaskInstanceState.FAILED, {"retries": 1, "callbacks": True}, id="failed_retryable_callbacks"
+            ),
+            pytest.param(
+                TaskInstanceState.FAILED, {"retries": 0, "callbacks": True}, id="failed_no_retries_callbacks"
+            ),
             pytest.param(TaskInstanceState.FAILED, {"retries": 1}, id="failed_retryable_no_callbacks"),
             pytest.param(
                 TaskInstanceState.FAILED,
                 {"retries": 1, "email": ["ops@example.com"]},
                 id="failed_retryable_email",
             ),
-            pytest.param(TaskInstanceState.SUCCESS, {"retries": 1, "callbacks": True}, id="success_retryable_callbacks"),
+            pytest.param(
+                TaskInstanceState.SUCCESS, {"retries": 1, "callbacks": True}, id="success_retryable_callbacks"
+            ),
         ],
     )
     def test_process_executor_events_keeps_running_ti_with_live_heartbeat(
@@ -145,7 +153,9 @@ class TestSchedulerJob:
         """A duplicate's terminal event for a try whose worker still heartbeats: the try keeps running."""
         self.runner = new_runner(session)
         executor = default_executor(self.runner)
-        ti = self._running_ti(dag_maker, session, "stale_event_live", heartbeat_age=LIVE_HEARTBEAT_AGE, **operator)
+        ti = self._running_ti(
+            dag_maker, session, "stale_event_live", heartbeat_age=LIVE_HEARTBEAT_AGE, **operator
+        )
         _report_event(executor, ti, event_state)
 
         error = _process_events(self.runner, executor, session)
@@ -172,7 +182,9 @@ class TestSchedulerJob:
         """The real death next to it: the worker is gone (no heartbeat for an hour); fail the try once."""
         self.runner = new_runner(session)
         executor = default_executor(self.runner)
-        ti = self._running_ti(dag_maker, session, "stale_event_dead", heartbeat_age=DEAD_HEARTBEAT_AGE, **operator)
+        ti = self._running_ti(
+            dag_maker, session, "stale_event_dead", heartbeat_age=DEAD_HEARTBEAT_AGE, **operator
+        )
         _report_event(executor, ti, TaskInstanceState.FAILED)
 
         error = _process_events(self.runner, executor, session)
@@ -193,7 +205,12 @@ class TestSchedulerJob:
         self.runner = new_runner(session)
         executor = default_executor(self.runner)
         ti = self._running_ti(
-            dag_maker, session, "stale_event_dies", heartbeat_age=LIVE_HEARTBEAT_AGE, retries=1, callbacks=True
+            dag_maker,
+            session,
+            "stale_event_dies",
+            heartbeat_age=LIVE_HEARTBEAT_AGE,
+            retries=1,
+            callbacks=True,
         )
         _report_event(executor, ti, TaskInstanceState.FAILED)
         first = _process_events(self.runner, executor, session)
@@ -208,7 +225,9 @@ class TestSchedulerJob:
             )
         second = _process_events(self.runner, executor, session)
 
-        assert after_first["tries"] == [(1, "running")], f"OUTCOME failed before its heartbeat stopped: {after_first}"
+        assert after_first["tries"] == [(1, "running")], (
+            f"OUTCOME failed before its heartbeat stopped: {after_first}"
+        )
         outcome = _outcome(session, ti, second)
         assert outcome["error"] is None, f"OUTCOME {outcome}"
         assert outcome["tries"][-1][1] == "up_for_retry", f"OUTCOME {outcome}"
@@ -220,7 +239,12 @@ class TestSchedulerJob:
         self.runner = new_runner(session)
         executor = default_executor(self.runner)
         ti = self._running_ti(
-            dag_maker, session, "stale_event_succeeds", heartbeat_age=LIVE_HEARTBEAT_AGE, retries=1, callbacks=True
+            dag_maker,
+            session,
+            "stale_event_succeeds",
+            heartbeat_age=LIVE_HEARTBEAT_AGE,
+            retries=1,
+            callbacks=True,
         )
         _report_event(executor, ti, TaskInstanceState.FAILED)
         first = _process_events(self.runner, executor, session)
@@ -232,7 +256,9 @@ class TestSchedulerJob:
             )
         second = _process_events(self.runner, executor, session)
 
-        assert after_first["tries"] == [(1, "running")], f"OUTCOME failed while its worker heartbeats: {after_first}"
+        assert after_first["tries"] == [(1, "running")], (
+            f"OUTCOME failed while its worker heartbeats: {after_first}"
+        )
         outcome = _outcome(session, ti, second)
         assert outcome == {
             "error": None,
@@ -256,6 +282,8 @@ def _prototype(monkeypatch):
     from airflow_heartbeat_fix.stale_events import StaleExecutorEventsPrototypeMixin
 
     base = scheduler_command.SchedulerJobRunner
-    prototype = type("PrototypeRunner", (StaleExecutorEventsPrototypeMixin, base), {"_logger_name": base._logger_name})
+    prototype = type(
+        "PrototypeRunner", (StaleExecutorEventsPrototypeMixin, base), {"_logger_name": base._logger_name}
+    )
     monkeypatch.setattr(scheduler_command, "SchedulerJobRunner", prototype)
     yield

@@ -61,6 +61,7 @@ __all__ = [
     "scoped_session",
     "scoped_session_in_transaction",
     "sqlalchemy_utils_module",
+    "task_instance_uuid_class",
     "transaction_connection",
     "with_row_locks",
 ]
@@ -236,3 +237,15 @@ def airflow_cli_main() -> Callable[[], Any]:
     from airflow.__main__ import main
 
     return main
+
+
+def task_instance_uuid_class() -> type | None:
+    """
+    ``TaskInstanceUuid``, the key of one try's row in the executors' events from 3.4 on; ``None`` before
+    (3.0 to 3.3 key every event by ``TaskInstanceKey``).
+    """
+    try:
+        from airflow.executors.workloads.types import TaskInstanceUuid
+    except ImportError:
+        return None
+    return TaskInstanceUuid

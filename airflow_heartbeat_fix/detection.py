@@ -25,7 +25,8 @@ LOCK_FIX = "locked_purge_revalidation"
 EVENT_TYPE_FIX = "typed_executor_event_callbacks"
 ADOPTION_FIX = "held_orphan_adoption"
 NESTED_FIX = "nested_sessions_join_loop"
-FIXES = (NESTED_FIX, SINK_FIX, PURGE_FIX, LOCK_FIX, EVENT_TYPE_FIX, ADOPTION_FIX)
+HEARTBEAT_EVENTS_FIX = "heartbeat_judged_executor_events"
+FIXES = (NESTED_FIX, SINK_FIX, PURGE_FIX, LOCK_FIX, EVENT_TYPE_FIX, ADOPTION_FIX, HEARTBEAT_EVENTS_FIX)
 
 FIX_TITLES = {
     NESTED_FIX: "a create_session() nested in the scheduler loop (listeners, cluster policies, Variable and "
@@ -40,6 +41,8 @@ FIX_TITLES = {
     "(on_failure_callback while retries remain)",
     ADOPTION_FIX: "orphan adoption keeps the scheduler's session and row locks through the executor's "
     "try_adopt_task_instances (DetachedInstanceError crash loop, lost resets, double adoption)",
+    HEARTBEAT_EVENTS_FIX: "a terminal executor event for a running try whose worker still heartbeats is set "
+    "aside until the heartbeat stops (a duplicate's or a redelivery's FAILED no longer fails the live try)",
 }
 
 #: Scheduler methods the fixes wrap; a version without any of them is a shape we do not understand.
@@ -47,6 +50,7 @@ SINK_FIX_HOOKS = ("_run_scheduler_loop", "_send_dag_callbacks_to_processor", "_p
 PURGE_FIX_HOOKS = ("_find_task_instances_without_heartbeats", "_purge_task_instances_without_heartbeats")
 EVENT_TYPE_FIX_HOOKS = ("_process_executor_events", "process_executor_events")
 ADOPTION_FIX_HOOKS = ("adopt_or_reset_orphaned_tasks",)
+HEARTBEAT_EVENTS_FIX_HOOKS = ("_process_executor_events", "process_executor_events")
 #: The loop's paths the nested-session fix holds: the loop itself, and each path a driver may also call
 #: on its own (the tests, a custom loop), with or without the session it works in.
 NESTED_FIX_HOOKS = (
@@ -214,6 +218,17 @@ RULES = (
         ),
         # The executor's own sessions are nested in the adoption's: that fix (or upstream) holds them.
         requires=(NESTED_FIX,),
+    ),
+    Rule(
+        HEARTBEAT_EVENTS_FIX,
+        HEARTBEAT_EVENTS_FIX_HOOKS,
+        what="process_executor_events",
+        needed=lambda facts: _negated(facts.executor_events_read_heartbeat),
+        not_needed="process_executor_events already reads the heartbeat of a running try before failing it",
+        active=lambda facts: (
+            "process_executor_events fails a running try on any FAILED or SUCCESS event for its key without "
+            "reading its heartbeat: a duplicate delivery's or a Celery redelivery's FAILED fails the live try"
+        ),
     ),
 )
 

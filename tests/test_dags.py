@@ -34,7 +34,12 @@ def dagbag() -> DagBag:
 def test_dags_import_without_errors(dagbag: DagBag) -> None:
     """Also: the package marker ``__init__.py`` (for package data) adds no Dag and no import error."""
     assert dagbag.import_errors == {}
-    assert set(dagbag.dag_ids) == {RETRY_DAG, CALLBACK_DAG, demo_result.MANY_DAG_ID}
+    assert set(dagbag.dag_ids) == {
+        RETRY_DAG,
+        CALLBACK_DAG,
+        demo_result.MANY_DAG_ID,
+        demo_result.REDELIVERY_DAG_ID,
+    }
 
 
 def test_many_hung_tasks_fails_each_mapped_task_instance_once(dagbag: DagBag) -> None:
@@ -42,6 +47,14 @@ def test_many_hung_tasks_fails_each_mapped_task_instance_once(dagbag: DagBag) ->
     task = dagbag.get_dag(demo_result.MANY_DAG_ID).get_task("stall")
     assert task.retries == 0
     assert task.on_failure_callback  # one callable, or a list of one, depending on the release
+
+
+def test_redelivered_task_runs_past_the_redelivery_with_a_retry_and_both_callbacks(dagbag: DagBag) -> None:
+    """``--scenario redelivery``: a live task (nothing frozen) with a retry and both callbacks recorded."""
+    task = dagbag.get_dag(demo_result.REDELIVERY_DAG_ID).get_task("work")
+    assert task.retries == 1
+    assert task.on_failure_callback and task.on_retry_callback
+    assert demo_result.REDELIVERY_TASK_SECONDS >= 150
 
 
 @pytest.mark.parametrize("dag_id", [RETRY_DAG, CALLBACK_DAG])

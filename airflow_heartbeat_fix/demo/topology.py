@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_heartbeat_fix.demo.logs import scheduler_owning, worker_owning
-from airflow_heartbeat_fix.demo.result import CALLBACK_DAG_ID, DAG_IDS, MANY_SCENARIO, MANY_TASKS, state_name
+from airflow_heartbeat_fix.demo.result import (
+    CALLBACK_DAG_ID,
+    DAG_IDS,
+    MANY_SCENARIO,
+    MANY_TASKS,
+    REDELIVERY_SCENARIO,
+    state_name,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -20,13 +27,25 @@ LOCAL, CELERY = "local", "celery"
 #: ``--executor`` -> ``[core] executor``.
 EXECUTORS = {LOCAL: "LocalExecutor", CELERY: "CeleryExecutor"}
 #: ``--scenario``: what happens besides the frozen supervisors. The kills come once both Dags' first
-#: tries run (frozen), and hit the component that owns the callback Dag's first try.
+#: tries run (frozen), and hit the component that owns the callback Dag's first try. ``redelivery`` runs
+#: its own Dag instead: a live task, not a hung one.
 HUNG, KILL_SCHEDULER, KILL_WORKER, MANY = "hung", "kill-scheduler", "kill-worker", MANY_SCENARIO
+REDELIVERY = REDELIVERY_SCENARIO
 SCENARIOS = {
     HUNG: "the tasks freeze their own supervisor (default)",
     KILL_SCHEDULER: "hung, then the scheduler that queued them is SIGKILLed; the other must adopt them",
     KILL_WORKER: "hung, then the Celery worker running them is SIGKILLed (the OOM-kill case)",
     MANY: f"hung, plus {MANY_TASKS} mapped task instances that freeze at once",
+    REDELIVERY: "instead of the hung tasks, a live task that Redis redelivers with an expired token; the "
+    "refused copy's FAILED must not fail the running try",
+}
+#: ``--scenario redelivery``: Redis redelivers an unacknowledged message after this many seconds, and the
+#: redelivered copy's workload token (it lives ``[scheduler] task_queued_timeout``) has expired by then.
+#: At the defaults (86,400 s and 600 s) every redelivery carries an expired token; shortened to see one.
+REDELIVERY_ENV = {
+    "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": "20",
+    "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "10",
+    "AIRFLOW__API_AUTH__JWT_LEEWAY": "0",
 }
 KILLS = (KILL_SCHEDULER, KILL_WORKER)
 #: About how long one run takes, start to stop, by executor and scenario: the runs of tests/e2e/
@@ -127,6 +146,8 @@ def executor_env(topology: Topology, *, database_url: str, queue: str) -> dict[s
     if topology.scenario == KILL_SCHEDULER:
         # The survivor looks for a dead scheduler's tasks every 10 s instead of every 5 minutes.
         env["AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL"] = "10"
+    if topology.scenario == REDELIVERY:
+        env.update(REDELIVERY_ENV)
     return env
 
 

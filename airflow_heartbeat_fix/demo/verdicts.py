@@ -12,6 +12,8 @@ from airflow_heartbeat_fix.demo.result import (
     DAG_IDS,
     MANY_DAG_ID,
     MANY_SCENARIO,
+    REDELIVERY_DAG_ID,
+    REDELIVERY_SCENARIO,
     RETRY_CALLBACK,
     TERMINAL_RUN_STATES,
     DagOutcome,
@@ -19,28 +21,37 @@ from airflow_heartbeat_fix.demo.result import (
     find_try,
     total_callbacks,
 )
-from airflow_heartbeat_fix.detection import NESTED_FIX, PURGE_FIX, SINK_FIX, FixState
+from airflow_heartbeat_fix.detection import HEARTBEAT_EVENTS_FIX, NESTED_FIX, PURGE_FIX, SINK_FIX, FixState
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
 CRASH = "crash"
 DUPLICATES = "duplicates"
+#: ``--scenario redelivery``: the live try failed (a retry callback, its worker killed).
+LIVE_TRY_FAILED = "live try failed"
 #: What a correct scheduler does for each finished try: one callback, one email.
 EXPECTED_PER_TRY = "expected 1 per try"
 
 
-def expected_stock_bug(needed_fixes: Mapping[str, str]) -> str | None:
+def expected_stock_bug(needed_fixes: Mapping[str, str], scenario: str = "hung") -> str | None:
     """
     Which bug stock Airflow shows in this demo, from what the package's detection says it needs.
 
     ``needed_fixes`` maps each fix to its state with the fixes enabled. Where the heartbeat purge does
     not converge, the same try is called back again (duplicates); where it does converge but the callback
     sink still commits the scheduler's session, the retry of the detached task instance crashes the loop.
+    ``--scenario redelivery``: the redelivered copy's FAILED fails the live try, whose retry crashes the
+    loop where the sink still commits the scheduler's session.
     """
-    if needed_fixes.get(PURGE_FIX) == FixState.ACTIVE.value:
+    active = FixState.ACTIVE.value
+    if scenario == REDELIVERY_SCENARIO:
+        if needed_fixes.get(HEARTBEAT_EVENTS_FIX) != active:
+            return None
+        return CRASH if needed_fixes.get(SINK_FIX) == active else LIVE_TRY_FAILED
+    if needed_fixes.get(PURGE_FIX) == active:
         return DUPLICATES
-    if needed_fixes.get(SINK_FIX) == FixState.ACTIVE.value:
+    if needed_fixes.get(SINK_FIX) == active:
         return CRASH
     return None
 
@@ -134,11 +145,35 @@ def _callback_problems(outcome: DagOutcome, emails_via_backend: bool) -> list[st
     return problems
 
 
+def redelivery_problems(result: RunResult) -> list[str]:
+    """``--scenario redelivery``: a redelivered copy was refused and set aside; the live try succeeded."""
+    outcome = result.dags.get(REDELIVERY_DAG_ID)
+    if outcome is None:
+        return [f"{REDELIVERY_DAG_ID}: no Dag run"]
+    problems = []
+    if result.events_set_aside < 1:
+        problems.append("no executor event was set aside: no redelivered copy was refused (yet)")
+    first = find_try(outcome, 1)
+    if first is None or first.state != "success" or find_try(outcome, 2) is not None:
+        tries = ", ".join(f"try {t.try_number} {t.state}" for t in outcome.tries) or "no try"
+        problems.append(f"{REDELIVERY_DAG_ID}: {tries}; expected try 1 success and no try 2")
+    if any(outcome.callbacks.values()):
+        problems.append(f"{REDELIVERY_DAG_ID}: callbacks {outcome.callbacks}, expected none")
+    return problems
+
+
 def fixed_problems(result: RunResult) -> list[str]:
     """What the fixed run got wrong; empty when it converged as expected."""
     problems: list[str] = []
     if result.scheduler.crashed or not result.scheduler.alive:
         problems.append(f"scheduler did not survive: {result.scheduler.error or 'exited'}")
+    if result.scenario == REDELIVERY_SCENARIO:
+        problems += redelivery_problems(result)
+        if not result.converged:
+            problems.append(f"did not converge: {result.stop_reason}")
+        if result.leftover_pids:
+            problems.append(f"processes left running: {result.leftover_pids}")
+        return problems
     problems += _hung_dag_problems(result)
     outcome = result.dags.get(CALLBACK_DAG_ID)
     if outcome is not None:
@@ -169,9 +204,14 @@ def callbacks_complete(dags: Mapping[str, DagOutcome], emails_via_backend: bool)
 
 def stock_reproduced(result: RunResult) -> bool | None:
     """Whether the stock run shows the bug this Airflow has (None: detection says it needs no fix)."""
-    bug = expected_stock_bug(result.needed_fixes)
+    bug = expected_stock_bug(result.needed_fixes, result.scenario)
     if bug == CRASH:
         return result.scheduler.crashed
+    if bug == LIVE_TRY_FAILED:
+        outcome = result.dags.get(REDELIVERY_DAG_ID)
+        first = find_try(outcome, 1) if outcome else None
+        failed = first is not None and first.state not in ("running", "success")
+        return failed or result.running_tries_failed_by_event > 0
     if bug == DUPLICATES:
         outcome = result.dags.get(CALLBACK_DAG_ID)
         return bool(outcome and duplicate_tries(outcome))
@@ -183,7 +223,7 @@ def stock_reproduced(result: RunResult) -> bool | None:
 
 def verdict_cell(result: RunResult) -> str:
     if not result.fix_enabled:
-        bug = expected_stock_bug(result.needed_fixes)
+        bug = expected_stock_bug(result.needed_fixes, result.scenario)
         if result.reproduced is None:
             return "no known bug in this version"
         return f"bug reproduced ({bug})" if result.reproduced else f"bug NOT reproduced ({bug} expected)"

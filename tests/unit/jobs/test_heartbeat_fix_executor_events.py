@@ -330,7 +330,6 @@ class TestSchedulerJob:
         assert len(warnings) == 1 and warnings[0]["event"].startswith("heartbeat_judged_executor_events: ")
         infos = [e for e in cap_structlog.entries if e["log_level"] == "info" and "set aside" in e["event"]]
         assert len(infos) == 1 and infos[0]["event"].startswith("heartbeat_judged_executor_events: ")
-        assert "heartbeat_stopped" in repr(infos[0]), infos[0]
         assert [call.args[0] for call in stats.incr.call_args_list] == [
             "heartbeat_fix.executor_event.set_aside",
             "heartbeat_fix.executor_event.handed_back",

@@ -45,13 +45,14 @@ SET_ASIDE_METRIC = "heartbeat_fix.executor_event.set_aside"
 HANDED_BACK_METRIC = "heartbeat_fix.executor_event.handed_back"
 #: The audit ``Log`` row's event, next to the stock path's "state mismatch" rows; its ``extra`` is the line.
 LOG_EVENT = "stale executor event"
+#: How every line of a fix acting starts (the demo counts them per fix).
+LINE_PREFIX = f"airflow-heartbeat-fix ({HEARTBEAT_EVENTS_FIX}): "
 SET_ASIDE_LINE = (
-    f"{HEARTBEAT_EVENTS_FIX}: executor %s reported %s for %s, but the try is running on %s (pid %s) and "
-    "heartbeated %.1f s ago: the event is set aside until the try leaves running or its heartbeat is "
-    "%.0f s old%s"
+    f"{LINE_PREFIX}executor %s reported %s for %s, but the try is running on %s (pid %s) and heartbeated "
+    "%.1f s ago: the event is set aside until the try leaves running or its heartbeat is %.0f s old%s"
 )
 HAND_BACK_LINE = (
-    f"{HEARTBEAT_EVENTS_FIX}: %s the %s event of %s, set aside %.1f s ago: %s (state %s, heartbeat %s s old)"
+    f"{LINE_PREFIX}%s the %s event of %s, set aside %.1f s ago: %s (state %s, heartbeat %s s old)"
 )
 
 log = fix_logger(__name__)

@@ -284,7 +284,7 @@ class Child:
             time.sleep(self.args.settle)
             log = self.procs.components["scheduler"].read_log()
             result["scheduler_crashed"] = "Exception when executing SchedulerJob._run_scheduler_loop" in log
-            result["events_set_aside"] = log.count(f"{FIX}: executor ")
+            result["events_set_aside"] = log.count(f"airflow-heartbeat-fix ({FIX}): executor ")
             callbacks = self.home / "callbacks.log"
             lines = callbacks.read_text().splitlines() if callbacks.exists() else []
             result["callbacks"] = [line.split(" ", 1)[1] for line in lines]

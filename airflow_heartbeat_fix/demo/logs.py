@@ -29,7 +29,9 @@ _FIX_STATE = re.compile(rf"\b({'|'.join(FIXES)}): ({'|'.join(_STATES)})")
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 _DB_ERROR = re.compile(r"(UniqueViolation|UNIQUE constraint failed|IntegrityError)[^\n]*")
 #: What a fixed scheduler logs when it sets an executor event aside (executor_events.SET_ASIDE_LINE).
-_SET_ASIDE = re.compile(rf"{HEARTBEAT_EVENTS_FIX}: executor .* the event is set aside")
+_SET_ASIDE = re.compile(
+    rf"airflow-heartbeat-fix \({HEARTBEAT_EVENTS_FIX}\): executor .* the event is set aside"
+)
 #: What every release's executor-event processing logs before it fails a running try on an event.
 _RUNNING_TRY_FAILED = re.compile(
     r"finished with state \w+, but the task instance's state attribute is running"

@@ -77,7 +77,7 @@ def _scenario_rows(result: RunResult) -> list[tuple[str, str]]:
     if result.scenario == REDELIVERY_SCENARIO:
         return [
             ("events set aside", f"{result.events_set_aside} (the fix: the live try keeps running)"),
-            ("running tries failed", f"{result.running_tries_failed_by_event} (on an executor event)"),
+            ("running try failed by an event", f"{result.running_tries_failed_by_event} (stock's log lines)"),
         ]
     if result.scenario == MANY_SCENARIO:
         outcome = result.dags.get(MANY_DAG_ID) or DagOutcome(MANY_DAG_ID)

@@ -41,14 +41,16 @@ def expected_stock_bug(needed_fixes: Mapping[str, str], scenario: str = "hung") 
     ``needed_fixes`` maps each fix to its state with the fixes enabled. Where the heartbeat purge does
     not converge, the same try is called back again (duplicates); where it does converge but the callback
     sink still commits the scheduler's session, the retry of the detached task instance crashes the loop.
-    ``--scenario redelivery``: the redelivered copy's FAILED fails the live try, whose retry crashes the
-    loop where the sink still commits the scheduler's session.
+    ``--scenario redelivery``: the redelivered copy's FAILED fails the live try; where the purge converges
+    but the sink still commits the scheduler's session (the releases that archive each try), that try's
+    retry crashes the loop instead.
     """
     active = FixState.ACTIVE.value
     if scenario == REDELIVERY_SCENARIO:
         if needed_fixes.get(HEARTBEAT_EVENTS_FIX) != active:
             return None
-        return CRASH if needed_fixes.get(SINK_FIX) == active else LIVE_TRY_FAILED
+        crashes = needed_fixes.get(PURGE_FIX) != active and needed_fixes.get(SINK_FIX) == active
+        return CRASH if crashes else LIVE_TRY_FAILED
     if needed_fixes.get(PURGE_FIX) == active:
         return DUPLICATES
     if needed_fixes.get(SINK_FIX) == active:

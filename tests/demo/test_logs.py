@@ -138,7 +138,8 @@ def test_owners_of_a_try_from_the_logs() -> None:
 
 def test_counts_of_executor_events_for_running_tries() -> None:
     fixed = (
-        "2026-01-01T00:01:25Z [warning] heartbeat_judged_executor_events: executor CeleryExecutor("
+        "2026-01-01T00:01:25Z [warning] airflow-heartbeat-fix (heartbeat_judged_executor_events): executor "
+        "CeleryExecutor("
         "parallelism=32) reported failed for task instance redelivered_task.work of run manual, try 1, "
         "but the try is running on vm (pid 26273) and heartbeated 1.9 s ago: the event is set aside "
         "until the try leaves running or its heartbeat is 9 s old\n"

@@ -69,5 +69,5 @@ def test_redelivery_rows_show_its_dag_and_what_the_schedulers_did_with_the_event
     table = text_report.render_table([redelivery_result(fixed=False), redelivery_result()])
     assert CB not in table and "retry_after_heartbeat_timeout" not in table
     assert "redelivered_task" in table
-    assert "events set aside" in table and "running tries failed" in table
+    assert "events set aside" in table and "running try failed by an event" in table
     assert "retry x1 (expected 1 per try)" in table  # stock's false retry callback

@@ -121,12 +121,19 @@ def test_expectation_notice_names_the_bug_the_probe_expects() -> None:
     ("needed", "bug"),
     [
         pytest.param(
-            {SINK_FIX: ACTIVE, HEARTBEAT_EVENTS_FIX: ACTIVE}, verdicts.CRASH, id="3.4: the retry crashes"
+            {SINK_FIX: ACTIVE, PURGE_FIX: NOT_NEEDED, HEARTBEAT_EVENTS_FIX: ACTIVE},
+            verdicts.CRASH,
+            id="3.4: the retry crashes",
         ),
         pytest.param(
-            {SINK_FIX: NOT_NEEDED, HEARTBEAT_EVENTS_FIX: ACTIVE},
+            {SINK_FIX: ACTIVE, PURGE_FIX: ACTIVE, HEARTBEAT_EVENTS_FIX: ACTIVE},
             verdicts.LIVE_TRY_FAILED,
-            id="the live try fails",
+            id="3.0-3.3: the live try fails",
+        ),
+        pytest.param(
+            {SINK_FIX: NOT_NEEDED, PURGE_FIX: NOT_NEEDED, HEARTBEAT_EVENTS_FIX: ACTIVE},
+            verdicts.LIVE_TRY_FAILED,
+            id="sink fixed upstream: the live try fails",
         ),
         pytest.param(
             {SINK_FIX: ACTIVE, HEARTBEAT_EVENTS_FIX: NOT_NEEDED}, None, id="upstream reads the heartbeat"
@@ -151,7 +158,7 @@ def test_redelivery_fixed_run_lets_the_live_try_succeed() -> None:
 
 
 def test_redelivery_stock_run_reproduces_by_the_failed_live_try_or_the_crash() -> None:
-    stock = redelivery_result(fixed=False, needed_fixes={SINK_FIX: NOT_NEEDED, HEARTBEAT_EVENTS_FIX: ACTIVE})
+    stock = redelivery_result(fixed=False)
     assert verdicts.stock_reproduced(stock) is True
     untouched = redelivery_result(
         fixed=False, needed_fixes=stock.needed_fixes, running_tries_failed_by_event=0
@@ -159,7 +166,9 @@ def test_redelivery_stock_run_reproduces_by_the_failed_live_try_or_the_crash() -
     untouched.dags = redelivery_result().dags
     assert verdicts.stock_reproduced(untouched) is False
     crashed = redelivery_result(
-        fixed=False, scheduler=SchedulerOutcome(crashed=True, error="UniqueViolation")
+        fixed=False,
+        scheduler=SchedulerOutcome(crashed=True, error="UniqueViolation"),
+        needed_fixes={SINK_FIX: ACTIVE, PURGE_FIX: NOT_NEEDED, HEARTBEAT_EVENTS_FIX: ACTIVE},
     )
     assert verdicts.stock_reproduced(crashed) is True
     crashed.reproduced = True

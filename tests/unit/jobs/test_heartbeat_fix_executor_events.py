@@ -51,6 +51,8 @@ LIVE_HEARTBEAT_AGE = timedelta(seconds=1)
 STOPPED_HEARTBEAT_AGE = timedelta(seconds=60)
 #: A worker SIGKILLed long ago: past any threshold, and past the heartbeat timeout.
 DEAD_HEARTBEAT_AGE = timedelta(hours=1)
+#: How the fix's lines start.
+FIX_LINE = "airflow-heartbeat-fix (heartbeat_judged_executor_events): "
 #: The audit row the fix writes for an event it sets aside (the stock path writes "state mismatch").
 SET_ASIDE_LOG_EVENT = "stale executor event"
 
@@ -327,9 +329,9 @@ class TestSchedulerJob:
         warnings = [
             e for e in cap_structlog.entries if e["log_level"] == "warning" and "set aside" in e["event"]
         ]
-        assert len(warnings) == 1 and warnings[0]["event"].startswith("heartbeat_judged_executor_events: ")
+        assert len(warnings) == 1 and warnings[0]["event"].startswith(FIX_LINE)
         infos = [e for e in cap_structlog.entries if e["log_level"] == "info" and "set aside" in e["event"]]
-        assert len(infos) == 1 and infos[0]["event"].startswith("heartbeat_judged_executor_events: ")
+        assert len(infos) == 1 and infos[0]["event"].startswith(FIX_LINE)
         assert [call.args[0] for call in stats.incr.call_args_list] == [
             "heartbeat_fix.executor_event.set_aside",
             "heartbeat_fix.executor_event.handed_back",

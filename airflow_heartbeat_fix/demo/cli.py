@@ -430,7 +430,11 @@ def _run(config: DemoConfig) -> int:
     print(f"demo: {duration_notice(config.topology, len(config.runs), config.timeout)}", file=sys.stderr)
     try:
         features = probe_features(config)
-        expected = expectation_notice(features.get("needed_fixes", {}), listener=bool(config.plugin_sources))
+        expected = expectation_notice(
+            features.get("needed_fixes", {}),
+            listener=bool(config.plugin_sources),
+            scenario=config.topology.scenario,
+        )
         print(f"demo: {expected}", file=sys.stderr)
         for label in config.runs:
             results.append(DemoRun(config, label, features).execute())

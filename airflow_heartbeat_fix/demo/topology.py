@@ -57,6 +57,7 @@ TYPICAL_RUN_SECONDS = {
     (CELERY, KILL_SCHEDULER): 180,
     (CELERY, KILL_WORKER): 150,
     (CELERY, MANY): 290,
+    (CELERY, REDELIVERY): 200,
 }
 #: Before the trigger (database, components, Dag parse) and after the runs settle (stopping them).
 SETUP_SECONDS = 30

@@ -70,19 +70,30 @@ LISTENER_CRASH_WORDS = (
     "a scheduler crash (DetachedInstanceError) as it starts the first Dag run: the listener's own "
     "session ends the scheduler's"
 )
+#: ``--scenario redelivery``: what stock shows instead.
+REDELIVERY_BUG_WORDS = {
+    LIVE_TRY_FAILED: "the live try failed: the refused copy's FAILED fails the try that is running (a retry "
+    "callback, its worker SIGKILLed at its next heartbeat)",
+    CRASH: "a scheduler crash: the refused copy's FAILED fails the live try, whose retry then fails on a "
+    "UNIQUE constraint (a false retry callback at each restart)",
+}
 #: What the fixed run must show, whatever stock shows.
 FIXED_WORDS = "one callback of the right kind per try"
+REDELIVERY_FIXED_WORDS = "the try succeeds in its first try, with no callback"
 
 
-def expectation_notice(needed_fixes: Mapping[str, str], *, listener: bool = False) -> str:
+def expectation_notice(
+    needed_fixes: Mapping[str, str], *, listener: bool = False, scenario: str = "hung"
+) -> str:
     """Which bug stock should show here and what the fixed run should do instead: said before it starts."""
+    redelivery = scenario == REDELIVERY_SCENARIO
     if listener and needed_fixes.get(NESTED_FIX) == FixState.ACTIVE.value:
         stock = LISTENER_CRASH_WORDS
-    elif bug := expected_stock_bug(needed_fixes):
-        stock = STOCK_BUG_WORDS[bug]
+    elif bug := expected_stock_bug(needed_fixes, scenario):
+        stock = (REDELIVERY_BUG_WORDS if redelivery else STOCK_BUG_WORDS)[bug]
     else:
         stock = "no bug of this demo's (this Airflow has them fixed upstream)"
-    return f"stock should show {stock}; fixed, {FIXED_WORDS}"
+    return f"stock should show {stock}; fixed, {REDELIVERY_FIXED_WORDS if redelivery else FIXED_WORDS}"
 
 
 def all_runs_terminal(dags: Mapping[str, DagOutcome]) -> bool:

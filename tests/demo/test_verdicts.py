@@ -173,3 +173,12 @@ def test_redelivery_stock_run_reproduces_by_the_failed_live_try_or_the_crash() -
     assert verdicts.stock_reproduced(crashed) is True
     crashed.reproduced = True
     assert verdicts.verdict_cell(crashed) == "bug reproduced (crash)"
+
+
+def test_expectation_notice_of_a_redelivery_names_the_live_try() -> None:
+    needed = {SINK_FIX: ACTIVE, PURGE_FIX: ACTIVE, HEARTBEAT_EVENTS_FIX: ACTIVE}
+    notice = verdicts.expectation_notice(needed, scenario=result.REDELIVERY_SCENARIO)
+    assert notice.startswith("stock should show the live try failed")
+    assert notice.endswith("fixed, the try succeeds in its first try, with no callback")
+    crash = {**needed, PURGE_FIX: NOT_NEEDED}
+    assert "a scheduler crash" in verdicts.expectation_notice(crash, scenario=result.REDELIVERY_SCENARIO)

@@ -31,7 +31,7 @@ import pytest
 from airflow_heartbeat_fix.demo.result import CALLBACK_DAG_ID, DAG_IDS, REDELIVERY_DAG_ID
 from airflow_heartbeat_fix.demo.topology import HUNG, KILL_SCHEDULER, KILL_WORKER, REDELIVERY
 from airflow_heartbeat_fix.demo.verdicts import CRASH, DUPLICATES, LIVE_TRY_FAILED, expected_stock_bug
-from airflow_heartbeat_fix.detection import PURGE_FIX, FixState
+from airflow_heartbeat_fix.detection import HEARTBEAT_EVENTS_FIX, PURGE_FIX, FixState
 from airflow_heartbeat_fix.support import installed_airflow_version
 from parity.expectations import load
 
@@ -180,6 +180,9 @@ def test_a_log_line_names_the_fix_for_each_try_it_converged(demo_run: dict[str, 
     runs = demo_run["result"]["runs"]
     assert runs["stock"]["scheduler"]["actions"] == {}, demo_run["output"]
     fixed = runs["fixed"]
+    if LONG:  # the event set aside, then handed back once the try succeeded: two lines at least
+        assert fixed["scheduler"]["actions"].get(HEARTBEAT_EVENTS_FIX, 0) >= 2, demo_run["output"]
+        return
     if DEMO_SCENARIO != HUNG:  # a kill fails some tries through other paths (adoption, executor events)
         return
     failed = sum(t["state"] == "failed" for dag_id in DAG_IDS for t in fixed["dags"][dag_id]["tries"])

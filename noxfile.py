@@ -6,8 +6,8 @@ Sessions: ``tests(airflow, db, mode)`` (the matrix), ``tests_wrapped_create_sess
 nested-session tests through a tracing wrapper of ``create_session``), ``lint``, ``breeze_overrides``,
 ``e2e(airflow, db)`` and ``e2e_celery(airflow, scenario)`` (the demo end to end, LocalExecutor and the
 Celery topology, one at a time after the matrix), ``parity`` (checks test-results/ against
-parity/expectations.toml), and, not run by default, ``demo``, ``bench`` and ``e2e_celery_all(airflow,
-scenario)``.
+parity/expectations.toml), and, not run by default, ``demo``, ``bench``, ``bench_kill_to_retry`` and
+``e2e_celery_all(airflow, scenario)``.
 
 Every session runs in one environment per Airflow version, ``.venvs/airflow-<version>``, built with uv
 and shared by that version's cells: nox gives each session its own virtualenv, and 16 copies of Airflow
@@ -600,6 +600,26 @@ def bench(session: nox.Session) -> None:
     session.run(sys.executable, "-m", "benchmarks.purge_cost", *session.posargs, external=True)
 
 
+@nox.session(default=False)
+def bench_kill_to_retry(session: nox.Session) -> None:
+    """
+    ``python -m benchmarks.kill_to_retry ARGS``: a SIGKILLed worker's time to its retry, stock vs fixed, on
+    real components (``-- --airflow 3.3.2,3.4.0b2 --executor local,celery --output FILE``; the defaults).
+    Builds each release's environment (and its ``-celery`` one) first; the driver runs in the newest's.
+    """
+    args = list(session.posargs)
+
+    def option(name: str, default: str) -> list[str]:
+        value = next((args[i + 1] for i, arg in enumerate(args[:-1]) if arg == name), default)
+        return value.split(",")
+
+    for version in option("--airflow", "3.3.2,3.4.0b2"):
+        for executor in option("--executor", "local,celery"):
+            airflow_venv(session, version, "celery" if executor == "celery" else None)
+    driver = airflow_venv(session, NEWEST) / "python"
+    session.run(str(driver), "-m", "benchmarks.kill_to_retry", *args, external=True)
+
+
 @nox.session
 @nox.parametrize(("airflow", "db"), E2E_CELLS)
 def e2e(session: nox.Session, airflow: str, db: str) -> None:
@@ -632,7 +652,7 @@ def e2e_celery(session: nox.Session, airflow: str, scenario: str) -> None:
 @nox.parametrize("airflow", E2E_CELERY_VERSIONS)
 @nox.parametrize("scenario", CELERY_SCENARIOS)
 def e2e_celery_all(session: nox.Session, airflow: str, scenario: str) -> None:
-    """Every scenario on every Celery release (not in CI: about 5 minutes each)."""
+    """Every scenario on every Celery release (not in CI: about 5 minutes each, redelivery about 10)."""
     run_celery_demo_tests(session, airflow, scenario)
 
 

@@ -67,6 +67,7 @@ __all__ = [
     "scoped_session",
     "scoped_session_in_transaction",
     "sqlalchemy_utils_module",
+    "task_instance_uuid_class",
     "transaction_connection",
     "with_row_locks",
 ]
@@ -294,3 +295,15 @@ def metadata_engine() -> Any:
     if settings.engine is None:
         raise RuntimeError("Airflow's ORM is not configured (settings.engine is None)")
     return settings.engine
+
+
+def task_instance_uuid_class() -> type | None:
+    """
+    ``TaskInstanceUuid``, the key of one try's row in the executors' events from 3.4 on; ``None`` before
+    (3.0 to 3.3 key every event by ``TaskInstanceKey``).
+    """
+    try:
+        from airflow.executors.workloads.types import TaskInstanceUuid
+    except ImportError:
+        return None
+    return TaskInstanceUuid

@@ -26,6 +26,7 @@ LOCK_FIX = "locked_purge_revalidation"
 EVENT_TYPE_FIX = "typed_executor_event_callbacks"
 ADOPTION_FIX = "held_orphan_adoption"
 NESTED_FIX = "nested_sessions_join_loop"
+HEARTBEAT_EVENTS_FIX = "heartbeat_judged_executor_events"
 CLAIMED_FIX = "claimed_callback_delivery"
 ISOLATED_FIX = "isolated_callback_requests"
 INFLATION_FIX = "callbacks_past_inflation_check"
@@ -37,7 +38,15 @@ TARGETS = (SCHEDULER, DAG_PROCESSOR)
 TARGET_LABELS = {SCHEDULER: "scheduler", DAG_PROCESSOR: "Dag processor"}
 #: The Airflow class whose methods a target's rules wrap (named when one of them is missing).
 TARGET_CLASSES = {SCHEDULER: "SchedulerJobRunner", DAG_PROCESSOR: "DagFileProcessorManager"}
-SCHEDULER_FIXES = (NESTED_FIX, SINK_FIX, PURGE_FIX, LOCK_FIX, EVENT_TYPE_FIX, ADOPTION_FIX)
+SCHEDULER_FIXES = (
+    NESTED_FIX,
+    SINK_FIX,
+    PURGE_FIX,
+    LOCK_FIX,
+    EVENT_TYPE_FIX,
+    ADOPTION_FIX,
+    HEARTBEAT_EVENTS_FIX,
+)
 DAG_PROCESSOR_FIXES = (CLAIMED_FIX, ISOLATED_FIX, INFLATION_FIX)
 TARGET_FIXES = {SCHEDULER: SCHEDULER_FIXES, DAG_PROCESSOR: DAG_PROCESSOR_FIXES}
 FIXES = SCHEDULER_FIXES + DAG_PROCESSOR_FIXES
@@ -55,6 +64,8 @@ FIX_TITLES = {
     "(on_failure_callback while retries remain)",
     ADOPTION_FIX: "orphan adoption keeps the scheduler's session and row locks through the executor's "
     "try_adopt_task_instances (DetachedInstanceError crash loop, lost resets, double adoption)",
+    HEARTBEAT_EVENTS_FIX: "a terminal executor event for a running try whose worker still heartbeats is set "
+    "aside until the heartbeat stops (a duplicate's or a redelivery's FAILED no longer fails the live try)",
     CLAIMED_FIX: "a callback request leaves the database only after its callback ran; a Dag processor or "
     "file processor that dies leaves its requests to the next (lost failure and retry callbacks)",
     ISOLATED_FIX: "one failing or invalid callback request never stops the rest of its batch (callbacks lost "
@@ -68,6 +79,7 @@ SINK_FIX_HOOKS = ("_run_scheduler_loop", "_send_dag_callbacks_to_processor", "_p
 PURGE_FIX_HOOKS = ("_find_task_instances_without_heartbeats", "_purge_task_instances_without_heartbeats")
 EVENT_TYPE_FIX_HOOKS = ("_process_executor_events", "process_executor_events")
 ADOPTION_FIX_HOOKS = ("adopt_or_reset_orphaned_tasks",)
+HEARTBEAT_EVENTS_FIX_HOOKS = ("_process_executor_events", "process_executor_events")
 #: The loop's paths the nested-session fix holds: the loop itself, and each path a driver may also call
 #: on its own (the tests, a custom loop), with or without the session it works in.
 NESTED_FIX_HOOKS = (
@@ -241,6 +253,17 @@ SCHEDULER_RULES = (
         ),
         # The executor's own sessions are nested in the adoption's: that fix (or upstream) holds them.
         requires=(NESTED_FIX,),
+    ),
+    Rule(
+        HEARTBEAT_EVENTS_FIX,
+        HEARTBEAT_EVENTS_FIX_HOOKS,
+        what="process_executor_events",
+        needed=lambda facts: _negated(facts.executor_events_read_heartbeat),
+        not_needed="process_executor_events already reads the heartbeat of a running try before failing it",
+        active=lambda facts: (
+            "process_executor_events fails a running try on any FAILED or SUCCESS event for its key without "
+            "reading its heartbeat: a duplicate delivery's or a Celery redelivery's FAILED fails the live try"
+        ),
     ),
 )
 

@@ -17,6 +17,7 @@ from airflow_heartbeat_fix.detection import (
     ADOPTION_FIX_HOOKS,
     CLAIMED_FIX_HOOKS,
     EVENT_TYPE_FIX_HOOKS,
+    HEARTBEAT_EVENTS_FIX_HOOKS,
     NESTED_FIX_HOOKS,
     PURGE_FIX_HOOKS,
     SINK_FIX_HOOKS,
@@ -66,6 +67,8 @@ class AirflowFacts:
     listeners_before_next_try: bool = False
     #: The Dag processor's facts; ``None`` where they were not read (a scheduler reads only its own).
     dag_processor: DagProcessorFacts | None = None
+    #: Executor-event processing reads a running try's heartbeat before failing it (None: not recognised).
+    executor_events_read_heartbeat: bool | None = True
 
 
 def _names_used(func: Any) -> frozenset[str] | None:
@@ -152,6 +155,21 @@ def executor_events_type_callbacks(runner_cls: type) -> bool | None:
     if code is None or "TaskCallbackRequest" not in code.co_names:
         return None
     return "task_callback_type" in _keyword_names(code)
+
+
+def executor_events_read_heartbeat(runner_cls: type) -> bool | None:
+    """
+    Whether ``process_executor_events`` reads a try's ``last_heartbeat_at`` before it fails a RUNNING try
+    on a FAILED or SUCCESS event for its key.
+
+    No release up to 3.4.0b2 does: every one fails a RUNNING try queued by this scheduler on any terminal
+    event of the same try (``handle_failure``), whatever its heartbeat. apache/airflow#69336 (open) proposes
+    reading it. A body without ``handle_failure`` is a shape not recognised.
+    """
+    code = getattr(getattr(runner_cls, "process_executor_events", None), "__code__", None)
+    if code is None or "handle_failure" not in code.co_names:
+        return None
+    return "last_heartbeat_at" in code.co_names
 
 
 #: Session reads that, after the executors' adoption, would load the orphans again (upstream's proposal).
@@ -353,7 +371,14 @@ def read_facts(
     processor_facts = None if dag_processor is None else read_dag_processor_facts(dag_processor)
     if sink_cls is None:
         return AirflowFacts(version, None, None, has_callback_sink=False, dag_processor=processor_facts)
-    hooks = (*SINK_FIX_HOOKS, *PURGE_FIX_HOOKS, *EVENT_TYPE_FIX_HOOKS, *ADOPTION_FIX_HOOKS, *NESTED_FIX_HOOKS)
+    hooks = (
+        *SINK_FIX_HOOKS,
+        *PURGE_FIX_HOOKS,
+        *EVENT_TYPE_FIX_HOOKS,
+        *ADOPTION_FIX_HOOKS,
+        *NESTED_FIX_HOOKS,
+        *HEARTBEAT_EVENTS_FIX_HOOKS,
+    )
     missing = tuple(dict.fromkeys(hook for hook in hooks if not hasattr(runner_cls, hook)))
     return AirflowFacts(
         version=version,
@@ -369,4 +394,5 @@ def read_facts(
         metastore_expunges=metastore_expunges(session_code.metastore_cls),
         listeners_before_next_try=listeners_before_next_try(session_code.task_instance_cls),
         dag_processor=processor_facts,
+        executor_events_read_heartbeat=executor_events_read_heartbeat(runner_cls),
     )

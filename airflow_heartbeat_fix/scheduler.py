@@ -22,11 +22,13 @@ from airflow_heartbeat_fix.adoption import HeldOrphanAdoptionMixin
 from airflow_heartbeat_fix.detection import (
     ADOPTION_FIX,
     EVENT_TYPE_FIX,
+    HEARTBEAT_EVENTS_FIX,
     LOCK_FIX,
     NESTED_FIX,
     PURGE_FIX,
     SINK_FIX,
 )
+from airflow_heartbeat_fix.executor_events import HeartbeatJudgedExecutorEventsMixin
 from airflow_heartbeat_fix.metrics import FixGaugesMixin
 from airflow_heartbeat_fix.nested_sessions import NestedSessionsJoinLoopMixin
 from airflow_heartbeat_fix.purge import (
@@ -103,11 +105,13 @@ MIXINS: dict[str, type[SchedulerJobRunner]] = {
     LOCK_FIX: LockedPurgeRevalidationMixin,
     EVENT_TYPE_FIX: TypedExecutorEventCallbacksMixin,
     ADOPTION_FIX: HeldOrphanAdoptionMixin,
+    HEARTBEAT_EVENTS_FIX: HeartbeatJudgedExecutorEventsMixin,
 }
 #: MRO order: the nested-session hold wraps every loop path (it owns the loop's session before the others
 #: run); the lock hands single task instances to the purge (backport or stock), which sends callbacks
-#: through the sink's session. The orphan adoption shares no method with the others.
-MIXIN_ORDER = (NESTED_FIX, LOCK_FIX, PURGE_FIX, EVENT_TYPE_FIX, SINK_FIX, ADOPTION_FIX)
+#: through the sink's session; stale executor events are set aside before the typed callbacks see the pass.
+#: The orphan adoption shares no method with the others.
+MIXIN_ORDER = (NESTED_FIX, LOCK_FIX, PURGE_FIX, HEARTBEAT_EVENTS_FIX, EVENT_TYPE_FIX, SINK_FIX, ADOPTION_FIX)
 
 
 @functools.cache

@@ -52,6 +52,14 @@ def test_many_hung_tasks_fails_each_mapped_task_instance_once(dagbag: DagBag) ->
     assert task.on_failure_callback  # one callable, or a list of one, depending on the release
 
 
+def test_redelivered_task_runs_past_the_redelivery_with_a_retry_and_both_callbacks(dagbag: DagBag) -> None:
+    """``--scenario redelivery``: a live task (nothing frozen) with a retry and both callbacks recorded."""
+    task = dagbag.get_dag(demo_result.REDELIVERY_DAG_ID).get_task("work")
+    assert task.retries == 1
+    assert task.on_failure_callback and task.on_retry_callback
+    assert demo_result.REDELIVERY_TASK_SECONDS >= 150
+
+
 @pytest.mark.parametrize("dag_id", [RETRY_DAG, CALLBACK_DAG])
 def test_dags_are_tagged_and_stall_with_one_retry(dagbag: DagBag, dag_id: str) -> None:
     dag = dagbag.get_dag(dag_id)

@@ -10,6 +10,7 @@ from airflow_heartbeat_fix.detection import (
     CLAIMED_FIX,
     DAG_PROCESSOR_FIXES,
     EVENT_TYPE_FIX,
+    HEARTBEAT_EVENTS_FIX,
     INFLATION_FIX,
     ISOLATED_FIX,
     LOCK_FIX,
@@ -26,6 +27,7 @@ from airflow_heartbeat_fix.facts import (
     DagProcessorFacts,
     adoption_keeps_orphans_attached,
     callback_payload,
+    executor_events_read_heartbeat,
     executor_events_type_callbacks,
     fetch_deletes_requests,
     file_processors_forked,
@@ -209,6 +211,7 @@ def test_facts_of_this_airflow_are_recognised():
     assert facts.adoption_keeps_orphans_attached is ("adoption_session_ended_by_executor" not in has)
     assert facts.nested_session_ends_transaction is ("nested_session_ends_loop_transaction" in has)
     assert facts.listeners_before_next_try is ("nested_session_crash_on_retry" in has)
+    assert facts.executor_events_read_heartbeat is ("stale_executor_event_fails_live_try" not in has)
     # #63080 removed the metastore's expunge_all() in 3.2.0.
     assert facts.metastore_expunges is facts.version.startswith(("3.0.", "3.1."))
     assert facts.create_session_recognised is True
@@ -483,3 +486,48 @@ def test_dag_processor_fact_readers():
     assert inflation_check_blocks_callbacks(callbacks_first) is False
     assert inflation_check_blocks_callbacks(no_check) is False
     assert inflation_check_blocks_callbacks(len) is None
+
+
+@pytest.mark.parametrize(
+    ("reads_heartbeat", "missing", "enabled", "expected"),
+    [
+        pytest.param(False, (), True, A, id="every release to 3.4.0b2"),
+        pytest.param(True, (), True, N, id="reads the heartbeat upstream (apache/airflow#69336)"),
+        pytest.param(False, (), False, D, id="off switch"),
+        pytest.param(True, (), False, N, id="off switch, nothing needed"),
+        pytest.param(None, (), True, U, id="unknown shape"),
+        pytest.param(False, ("_process_executor_events",), True, U, id="no executor events"),
+    ],
+)
+def test_decide_heartbeat_judged_executor_events(reads_heartbeat, missing, enabled, expected):
+    facts = AirflowFacts("9.9.9", True, False, missing, executor_events_read_heartbeat=reads_heartbeat)
+    decision = decide(facts, enabled=enabled)[HEARTBEAT_EVENTS_FIX]
+    assert decision.state is expected
+    if expected is A:
+        assert "without reading its heartbeat" in decision.reason
+
+
+def test_executor_event_heartbeat_shapes():
+    class Stock:
+        @classmethod
+        def process_executor_events(cls, executor, job_id, session):
+            for ti in tis:  # noqa: F821
+                if ti.state == TaskInstanceState.RUNNING:  # noqa: F821
+                    ti.handle_failure(error="killed externally", session=session)
+
+    class ReadsHeartbeat:
+        @classmethod
+        def process_executor_events(cls, executor, job_id, session):
+            for ti in tis:  # noqa: F821
+                if ti.last_heartbeat_at < cutoff:  # noqa: F821
+                    ti.handle_failure(error="killed externally", session=session)
+
+    class Unknown:
+        @classmethod
+        def process_executor_events(cls, executor, job_id, session):
+            return 0
+
+    assert executor_events_read_heartbeat(Stock) is False
+    assert executor_events_read_heartbeat(ReadsHeartbeat) is True
+    assert executor_events_read_heartbeat(Unknown) is None
+    assert executor_events_read_heartbeat(object) is None

@@ -94,3 +94,19 @@ def test_the_readme_shows_the_packages_own_version_and_fixes() -> None:
     assert named == set(FIXES), (
         "the README's table of bugs names a fix the package does not have, or misses one"
     )
+
+
+def test_the_readme_is_an_operators_page() -> None:
+    """Under 200 lines; install, verify and the off switch (both its forms) on its first 80."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    first = "\n".join(lines[:80])
+    assert len(lines) < 200
+    for needed in (
+        "## Install",
+        "pip install airflow-heartbeat-fix",
+        "## Verify",
+        "airflow-heartbeat-fix status",
+    ):
+        assert needed in first, needed
+    assert "## Turn it off" in first
+    assert "enabled = False" in first and "AIRFLOW__HEARTBEAT_FIX__ENABLED=False" in first

@@ -12,8 +12,8 @@ from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from airflow_heartbeat_fix.demo.result import DAG_IDS, EMAIL, Mark
-from airflow_heartbeat_fix.detection import FIXES, SCHEDULER_LOOP_CRASH, FixState
+from airflow_heartbeat_fix.demo.result import DAG_IDS, EMAIL, REDELIVERY_DAG_ID, Mark
+from airflow_heartbeat_fix.detection import FIXES, HEARTBEAT_EVENTS_FIX, SCHEDULER_LOOP_CRASH, FixState
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -28,6 +28,16 @@ _FIX_STATE = re.compile(rf"\b({'|'.join(FIXES)}): ({'|'.join(_STATES)})")
 #: The colours structlog's console renderer writes into a log file on some releases (3.1.0).
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 _DB_ERROR = re.compile(r"(UniqueViolation|UNIQUE constraint failed|IntegrityError)[^\n]*")
+#: What a fixed scheduler logs when it sets an executor event aside (executor_events.SET_ASIDE_LINE).
+_SET_ASIDE = re.compile(
+    rf"airflow-heartbeat-fix \({HEARTBEAT_EVENTS_FIX}\): executor .* the event is set aside"
+)
+#: What every release's executor-event processing logs before it fails a running try on an event.
+_RUNNING_TRY_FAILED = re.compile(
+    r"finished with state \w+, but the task instance's state attribute is running"
+)
+#: The Dags whose callbacks and emails are marks on the timeline.
+_MARKED_DAG_IDS = (*DAG_IDS, REDELIVERY_DAG_ID)
 _EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Violation))(?::[^\n]*)?$", re.MULTILINE)
 
 
@@ -95,12 +105,16 @@ def marks_from_logs(
     """Callbacks and emails of the demo Dags as marks, timed from ``triggered_at`` (epoch seconds)."""
     marks = []
     for line in callback_lines:
-        if line.get("dag_id") in DAG_IDS and line.get("try_number") is not None and line.get("time"):
+        if line.get("dag_id") in _MARKED_DAG_IDS and line.get("try_number") is not None and line.get("time"):
             seconds = float(line["time"]) - triggered_at
             marks.append(Mark(seconds, str(line["dag_id"]), int(line["try_number"]), str(line.get("kind"))))
     for line in email_lines:
         fields = line.get("fields") or {}
-        if fields.get("dag_id") in DAG_IDS and fields.get("try_number") is not None and line.get("time"):
+        if (
+            fields.get("dag_id") in _MARKED_DAG_IDS
+            and fields.get("try_number") is not None
+            and line.get("time")
+        ):
             seconds = float(line["time"]) - triggered_at
             marks.append(Mark(seconds, str(fields["dag_id"]), int(fields["try_number"]), EMAIL))
     return sorted(marks, key=lambda m: (m.seconds, m.dag_id, m.try_number, m.kind))
@@ -133,6 +147,16 @@ def find_crash_time(log_text: str) -> float | None:
         return datetime.fromisoformat(stamp).timestamp()
     except ValueError:
         return None
+
+
+def count_events_set_aside(log_text: str) -> int:
+    """How many executor events a fixed scheduler set aside because their try's worker still heartbeats."""
+    return len(_SET_ASIDE.findall(log_text))
+
+
+def count_running_tries_failed_by_event(log_text: str) -> int:
+    """How many times the scheduler failed a running try on an executor event (the stock path's error)."""
+    return len(_RUNNING_TRY_FAILED.findall(log_text))
 
 
 def find_fix_summary(log_text: str) -> dict[str, str]:

@@ -25,7 +25,9 @@ from airflow_heartbeat_fix.demo.database import Db, mark_database_as_demo, read_
 from airflow_heartbeat_fix.demo.environment import isolated_env, prepare_home
 from airflow_heartbeat_fix.demo.logs import (
     celery_worker_ready,
+    count_events_set_aside,
     count_fix_actions,
+    count_running_tries_failed_by_event,
     find_crash_time,
     find_fix_summary,
     find_scheduler_crash,
@@ -336,8 +338,11 @@ class DemoRun:
         """The fixes each scheduler logged, and whether one crashed or exited (the first stands for all)."""
         result, (triggered, triggered_at) = self.result, self._triggered
         result.scheduler.actions = count_fix_actions(s.read_log() for s in watching.schedulers)
+        set_aside, failed_by_event = 0, 0
         for scheduler in watching.schedulers:
             scheduler_log = scheduler.read_log()
+            set_aside += count_events_set_aside(scheduler_log)
+            failed_by_event += count_running_tries_failed_by_event(scheduler_log)
             result.scheduler.fixes = result.scheduler.fixes or find_fix_summary(scheduler_log)
             error = find_scheduler_crash(scheduler_log)
             if error is not None and watching.crashed_at is None:
@@ -347,6 +352,7 @@ class DemoRun:
                 logged_at = find_crash_time(scheduler_log)
                 result.crashed_after = now - triggered if logged_at is None else logged_at - triggered_at
         result.scheduler.exit_code = watching.exit_code
+        result.events_set_aside, result.running_tries_failed_by_event = set_aside, failed_by_event
 
     def _stop_reason(self, watching: _Watch, dags: dict[str, DagOutcome], now: float) -> str | None:
         return should_stop(

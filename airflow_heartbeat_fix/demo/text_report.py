@@ -16,18 +16,20 @@ from tabulate import tabulate
 
 from airflow_heartbeat_fix.demo.result import (
     CALLBACK_DAG_ID,
-    DAG_IDS,
+    CALLBACK_DAG_IDS,
     KILL_DAG_PROCESSOR_SCENARIO,
     KILLED_DAG_ID,
     KILLED_RUNS,
     MANY_DAG_ID,
     MANY_SCENARIO,
+    REDELIVERY_SCENARIO,
     DagOutcome,
     RunResult,
     SchedulerOutcome,
     TryRow,
     all_try_numbers,
     find_try,
+    report_dag_ids,
 )
 from airflow_heartbeat_fix.demo.verdicts import callbacks_cell, emails_cell, many_summary, verdict_cell
 
@@ -62,15 +64,24 @@ def _dag_rows(result: RunResult, dag_id: str, try_numbers: list[int]) -> list[tu
     rows = [(dag_id, f"Dag run {outcome.run_state or '-'}")]
     for try_number in try_numbers:
         rows.append((f"  try {try_number}", _try_cell(find_try(outcome, try_number))))
-        if dag_id == CALLBACK_DAG_ID:
+        if dag_id in CALLBACK_DAG_IDS:
             rows.append(("    callbacks", callbacks_cell(outcome.callbacks.get(try_number, {}))))
+        if dag_id == CALLBACK_DAG_ID:
             emails = outcome.emails.get(try_number, 0)
             rows.append(("    emails", emails_cell(emails, result.emails_via_backend)))
     return rows
 
 
 def _scenario_rows(result: RunResult) -> list[tuple[str, str]]:
-    """``--scenario many``: the mapped Dag in one line; a kill scenario: what was killed when."""
+    """
+    ``--scenario many``: the mapped Dag in one line; a kill scenario: what was killed when; a redelivery:
+    what the schedulers did with the refused copy's event.
+    """
+    if result.scenario == REDELIVERY_SCENARIO:
+        return [
+            ("events set aside", f"{result.events_set_aside} (the fix: the live try keeps running)"),
+            ("running try failed by an event", f"{result.running_tries_failed_by_event} (stock's log lines)"),
+        ]
     if result.scenario == MANY_SCENARIO:
         outcome = result.dags.get(MANY_DAG_ID) or DagOutcome(MANY_DAG_ID)
         return [
@@ -105,7 +116,7 @@ def result_rows(
     rows.append(
         ("fixes acting (log lines)", ", ".join(f"{fix} x{n}" for fix, n in actions.items()) or "none")
     )
-    for dag_id in DAG_IDS if result.scenario != KILL_DAG_PROCESSOR_SCENARIO else ():
+    for dag_id in report_dag_ids(result.scenario):
         rows += _dag_rows(result, dag_id, try_numbers.get(dag_id, []))
     rows += _scenario_rows(result)
     converge = (

@@ -17,6 +17,7 @@ from airflow_heartbeat_fix.demo.result import (
     KILLED_RUNS,
     MANY_SCENARIO,
     MANY_TASKS,
+    REDELIVERY_SCENARIO,
     state_name,
 )
 
@@ -28,9 +29,11 @@ LOCAL, CELERY = "local", "celery"
 #: ``--executor`` -> ``[core] executor``.
 EXECUTORS = {LOCAL: "LocalExecutor", CELERY: "CeleryExecutor"}
 #: ``--scenario``: what happens besides the frozen supervisors. The kills come once both Dags' first
-#: tries run (frozen), and hit the component that owns the callback Dag's first try.
+#: tries run (frozen), and hit the component that owns the callback Dag's first try. ``redelivery`` runs
+#: its own Dag instead: a live task, not a hung one.
 HUNG, KILL_SCHEDULER, KILL_WORKER, MANY = "hung", "kill-scheduler", "kill-worker", MANY_SCENARIO
 KILL_DAG_PROCESSOR = KILL_DAG_PROCESSOR_SCENARIO
+REDELIVERY = REDELIVERY_SCENARIO
 SCENARIOS = {
     HUNG: "the tasks freeze their own supervisor (default)",
     KILL_SCHEDULER: "hung, then the scheduler that queued them is SIGKILLed; the other must adopt them",
@@ -38,6 +41,16 @@ SCENARIOS = {
     MANY: f"hung, plus {MANY_TASKS} mapped task instances that freeze at once",
     KILL_DAG_PROCESSOR: f"{len(KILLED_RUNS)} Dag runs fail at once; the Dag processor is SIGKILLed while "
     "their failure alerts run, then restarted (any executor)",
+    REDELIVERY: "instead of the hung tasks, a live task that Redis redelivers with an expired token; the "
+    "refused copy's FAILED must not fail the running try",
+}
+#: ``--scenario redelivery``: Redis redelivers an unacknowledged message after this many seconds, and the
+#: redelivered copy's workload token (it lives ``[scheduler] task_queued_timeout``) has expired by then.
+#: At the defaults (86,400 s and 600 s) every redelivery carries an expired token; shortened to see one.
+REDELIVERY_ENV = {
+    "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": "20",
+    "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "10",
+    "AIRFLOW__API_AUTH__JWT_LEEWAY": "0",
 }
 KILLS = (KILL_SCHEDULER, KILL_WORKER, KILL_DAG_PROCESSOR)
 #: The Dag processor's component name (:func:`component_commands`); a restarted one is ``dag-processor-2``.
@@ -52,6 +65,7 @@ TYPICAL_RUN_SECONDS = {
     (CELERY, KILL_WORKER): 150,
     (CELERY, MANY): 290,
     (LOCAL, KILL_DAG_PROCESSOR): 70,
+    (CELERY, REDELIVERY): 200,
 }
 #: Before the trigger (database, components, Dag parse) and after the runs settle (stopping them).
 SETUP_SECONDS = 30
@@ -141,6 +155,8 @@ def executor_env(topology: Topology, *, database_url: str, queue: str) -> dict[s
     if topology.scenario == KILL_SCHEDULER:
         # The survivor looks for a dead scheduler's tasks every 10 s instead of every 5 minutes.
         env["AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL"] = "10"
+    if topology.scenario == REDELIVERY:
+        env.update(REDELIVERY_ENV)
     return env
 
 

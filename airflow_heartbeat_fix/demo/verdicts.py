@@ -15,6 +15,8 @@ from airflow_heartbeat_fix.demo.result import (
     KILLED_RUNS,
     MANY_DAG_ID,
     MANY_SCENARIO,
+    REDELIVERY_DAG_ID,
+    REDELIVERY_SCENARIO,
     RETRY_CALLBACK,
     TERMINAL_RUN_STATES,
     DagOutcome,
@@ -22,7 +24,14 @@ from airflow_heartbeat_fix.demo.result import (
     find_try,
     total_callbacks,
 )
-from airflow_heartbeat_fix.detection import CLAIMED_FIX, NESTED_FIX, PURGE_FIX, SINK_FIX, FixState
+from airflow_heartbeat_fix.detection import (
+    CLAIMED_FIX,
+    HEARTBEAT_EVENTS_FIX,
+    NESTED_FIX,
+    PURGE_FIX,
+    SINK_FIX,
+    FixState,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -31,23 +40,42 @@ CRASH = "crash"
 DUPLICATES = "duplicates"
 #: ``--scenario kill-dag-processor``: failure callbacks the killed Dag processor had fetched never run.
 LOST = "lost callbacks"
+#: ``--scenario redelivery``: the live try failed (a retry callback, its worker killed).
+LIVE_TRY_FAILED = "live try failed"
 #: What a correct scheduler does for each finished try: one callback, one email.
 EXPECTED_PER_TRY = "expected 1 per try"
 
 
-def expected_stock_bug(needed_fixes: Mapping[str, str]) -> str | None:
+def expected_stock_bug(needed_fixes: Mapping[str, str], scenario: str = "hung") -> str | None:
     """
     Which bug stock Airflow shows in this demo, from what the package's detection says it needs.
 
     ``needed_fixes`` maps each fix to its state with the fixes enabled. Where the heartbeat purge does
     not converge, the same try is called back again (duplicates); where it does converge but the callback
     sink still commits the scheduler's session, the retry of the detached task instance crashes the loop.
+    ``--scenario redelivery``: the redelivered copy's FAILED fails the live try; where the purge converges
+    but the sink still commits the scheduler's session (the releases that archive each try), that try's
+    retry crashes the loop instead. ``--scenario kill-dag-processor``: the callbacks a killed Dag
+    processor had fetched are lost wherever the fetch deletes them.
     """
-    if needed_fixes.get(PURGE_FIX) == FixState.ACTIVE.value:
+    active = FixState.ACTIVE.value
+    if scenario == KILL_DAG_PROCESSOR_SCENARIO:
+        return LOST if needed_fixes.get(CLAIMED_FIX) == active else None
+    if scenario == REDELIVERY_SCENARIO:
+        if needed_fixes.get(HEARTBEAT_EVENTS_FIX) != active:
+            return None
+        crashes = needed_fixes.get(PURGE_FIX) != active and needed_fixes.get(SINK_FIX) == active
+        return CRASH if crashes else LIVE_TRY_FAILED
+    if needed_fixes.get(PURGE_FIX) == active:
         return DUPLICATES
-    if needed_fixes.get(SINK_FIX) == FixState.ACTIVE.value:
+    if needed_fixes.get(SINK_FIX) == active:
         return CRASH
     return None
+
+
+def expected_bug(result: RunResult) -> str | None:
+    """:func:`expected_stock_bug` of a run's probe and scenario."""
+    return expected_stock_bug(result.needed_fixes, result.scenario)
 
 
 #: What each bug looks like in the demo, said before it starts.
@@ -56,42 +84,42 @@ STOCK_BUG_WORDS = {
     "until it leaves running (2 or more per try; before 3.3.1 of the wrong kind)",
     CRASH: "a scheduler crash: the callback sink ends the scheduler's session, and the timed-out try's "
     "retry then fails on a UNIQUE constraint",
+    LOST: "lost callbacks: the failure alerts the killed Dag processor had fetched never run, and nothing "
+    "says so",
+    LIVE_TRY_FAILED: "the live try failed: the refused copy's FAILED fails the try that is running (a retry "
+    "callback, its worker SIGKILLed at its next heartbeat)",
 }
+#: ``--scenario redelivery`` where the sink still ends the scheduler's session.
+REDELIVERY_CRASH_WORDS = (
+    "a scheduler crash: the refused copy's FAILED fails the live try, whose retry then fails on a UNIQUE "
+    "constraint (a false retry callback at each restart)"
+)
 #: ``--listener``: the audit listener's Variable read ends the loop's session first.
 LISTENER_CRASH_WORDS = (
     "a scheduler crash (DetachedInstanceError) as it starts the first Dag run: the listener's own "
     "session ends the scheduler's"
 )
-#: ``--scenario kill-dag-processor``: what stock shows.
-LOST_WORDS = (
-    "lost callbacks: the failure alerts the killed Dag processor had fetched never run, and nothing says so"
-)
-#: What the fixed run must show, whatever stock shows.
+#: What the fixed run must show, whatever stock shows: by scenario, else the hung tries'.
 FIXED_WORDS = "one callback of the right kind per try"
+FIXED_WORDS_OF_SCENARIO = {
+    REDELIVERY_SCENARIO: "the try succeeds in its first try, with no callback",
+    KILL_DAG_PROCESSOR_SCENARIO: "each failure alert finished once",
+}
 
 
 def expectation_notice(
     needed_fixes: Mapping[str, str], *, listener: bool = False, scenario: str = "hung"
 ) -> str:
     """Which bug stock should show here and what the fixed run should do instead: said before it starts."""
-    if scenario == KILL_DAG_PROCESSOR_SCENARIO:
-        lost = needed_fixes.get(CLAIMED_FIX) == FixState.ACTIVE.value
-        stock = LOST_WORDS if lost else "no bug of this scenario's (this Airflow keeps callback requests)"
-        return f"stock should show {stock}; fixed, each failure alert finished once"
     if listener and needed_fixes.get(NESTED_FIX) == FixState.ACTIVE.value:
         stock = LISTENER_CRASH_WORDS
-    elif bug := expected_stock_bug(needed_fixes):
-        stock = STOCK_BUG_WORDS[bug]
+    elif (bug := expected_stock_bug(needed_fixes, scenario)) is None:
+        stock = "no bug of this demo's (this Airflow has it fixed upstream)"
+    elif bug == CRASH and scenario == REDELIVERY_SCENARIO:
+        stock = REDELIVERY_CRASH_WORDS
     else:
-        stock = "no bug of this demo's (this Airflow has them fixed upstream)"
-    return f"stock should show {stock}; fixed, {FIXED_WORDS}"
-
-
-def expected_bug(result: RunResult) -> str | None:
-    """:func:`expected_stock_bug`, or for ``--scenario kill-dag-processor`` the Dag processor's bug."""
-    if result.scenario == KILL_DAG_PROCESSOR_SCENARIO:
-        return LOST if result.needed_fixes.get(CLAIMED_FIX) == FixState.ACTIVE.value else None
-    return expected_stock_bug(result.needed_fixes)
+        stock = STOCK_BUG_WORDS[bug]
+    return f"stock should show {stock}; fixed, {FIXED_WORDS_OF_SCENARIO.get(scenario, FIXED_WORDS)}"
 
 
 def killed_dag_processor_problems(result: RunResult) -> list[str]:
@@ -170,6 +198,23 @@ def _callback_problems(outcome: DagOutcome, emails_via_backend: bool) -> list[st
     return problems
 
 
+def redelivery_problems(result: RunResult) -> list[str]:
+    """``--scenario redelivery``: a redelivered copy was refused and set aside; the live try succeeded."""
+    outcome = result.dags.get(REDELIVERY_DAG_ID)
+    if outcome is None:
+        return [f"{REDELIVERY_DAG_ID}: no Dag run"]
+    problems = []
+    if result.events_set_aside < 1:
+        problems.append("no executor event was set aside: no redelivered copy was refused (yet)")
+    first = find_try(outcome, 1)
+    if first is None or first.state != "success" or find_try(outcome, 2) is not None:
+        tries = ", ".join(f"try {t.try_number} {t.state}" for t in outcome.tries) or "no try"
+        problems.append(f"{REDELIVERY_DAG_ID}: {tries}; expected try 1 success and no try 2")
+    if any(outcome.callbacks.values()):
+        problems.append(f"{REDELIVERY_DAG_ID}: callbacks {outcome.callbacks}, expected none")
+    return problems
+
+
 def fixed_problems(result: RunResult) -> list[str]:
     """What the fixed run got wrong; empty when it converged as expected."""
     problems: list[str] = []
@@ -177,13 +222,15 @@ def fixed_problems(result: RunResult) -> list[str]:
         problems.append(f"scheduler did not survive: {result.scheduler.error or 'exited'}")
     if result.scenario == KILL_DAG_PROCESSOR_SCENARIO:
         problems += killed_dag_processor_problems(result)
+    elif result.scenario == REDELIVERY_SCENARIO:
+        problems += redelivery_problems(result)
     else:
         problems += _hung_dag_problems(result)
-    outcome = result.dags.get(CALLBACK_DAG_ID)
-    if outcome is not None:
-        problems += _callback_problems(outcome, result.emails_via_backend)
-    if result.scenario == MANY_SCENARIO:
-        problems += many_problems(result.dags.get(MANY_DAG_ID), result.many_expected)
+        outcome = result.dags.get(CALLBACK_DAG_ID)
+        if outcome is not None:
+            problems += _callback_problems(outcome, result.emails_via_backend)
+        if result.scenario == MANY_SCENARIO:
+            problems += many_problems(result.dags.get(MANY_DAG_ID), result.many_expected)
     if not result.converged:
         problems.append(f"did not converge: {result.stop_reason}")
     if result.leftover_pids:
@@ -213,6 +260,11 @@ def stock_reproduced(result: RunResult) -> bool | None:
         return bool(lost_runs(result.killed_runs, result.dag_callbacks_done))
     if bug == CRASH:
         return result.scheduler.crashed
+    if bug == LIVE_TRY_FAILED:
+        outcome = result.dags.get(REDELIVERY_DAG_ID)
+        first = find_try(outcome, 1) if outcome else None
+        failed = first is not None and first.state not in ("running", "success")
+        return failed or result.running_tries_failed_by_event > 0
     if bug == DUPLICATES:
         outcome = result.dags.get(CALLBACK_DAG_ID)
         return bool(outcome and duplicate_tries(outcome))

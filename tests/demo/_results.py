@@ -6,7 +6,7 @@ from pathlib import Path
 
 from airflow_heartbeat_fix.demo import result, topology
 from airflow_heartbeat_fix.demo.result import DagOutcome, RunResult, SchedulerOutcome, TryRow
-from airflow_heartbeat_fix.detection import PURGE_FIX, SINK_FIX, FixState
+from airflow_heartbeat_fix.detection import HEARTBEAT_EVENTS_FIX, PURGE_FIX, SINK_FIX, FixState
 
 CB = result.CALLBACK_DAG_ID
 
@@ -113,3 +113,35 @@ def recorded_results() -> list[RunResult]:
 #: The checkout (tests/demo/ is two levels below it).
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = ROOT / "tests" / "data" / "demo-3.3.2-sqlite.json"
+
+
+REDELIVERED = result.REDELIVERY_DAG_ID
+
+
+def redelivery_result(*, fixed: bool = True, version: str = "3.3.2", **changes: object) -> RunResult:
+    """``--scenario redelivery``: fixed, the live try succeeded with one event set aside; stock, it was failed
+    (a retry callback, try 2 failed by the next redelivery)."""
+    if fixed:
+        outcome = DagOutcome(REDELIVERED, "success", [TryRow("work", 1, "success", "current")])
+    else:
+        tries = [TryRow("work", 1, "failed", "history"), TryRow("work", 2, "failed", "current")]
+        callbacks = {1: {"on_retry_callback": 1}, 2: {"on_failure_callback": 1}}
+        outcome = DagOutcome(REDELIVERED, "failed", tries, callbacks=callbacks)
+    run = RunResult(
+        label="fixed" if fixed else "stock",
+        fix_enabled=fixed,
+        airflow_version=version,
+        database="postgresql",
+        home="/demo/x",
+        topology="CeleryExecutor, 2 schedulers, 2 Celery workers, redelivery",
+        scenario=result.REDELIVERY_SCENARIO,
+        dags={REDELIVERED: outcome},
+        converged=True,
+        stop_reason="Dag runs finished, callbacks settled",
+        needed_fixes={SINK_FIX: ACTIVE, PURGE_FIX: ACTIVE, HEARTBEAT_EVENTS_FIX: ACTIVE},
+        events_set_aside=1 if fixed else 0,
+        running_tries_failed_by_event=0 if fixed else 2,
+    )
+    for name, value in changes.items():
+        setattr(run, name, value)
+    return run

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from airflow_heartbeat_fix.demo import html_report, result
-from tests.demo._results import CB, DUPLICATES_NEEDS, RECORDED, recorded_results
+from tests.demo._results import CB, DUPLICATES_NEEDS, RECORDED, recorded_results, redelivery_result
 
 
 def test_html_report_is_self_contained_with_a_timeline_per_run() -> None:
@@ -79,3 +79,10 @@ def test_html_report_of_a_recorded_3_3_run_shows_the_duplicates() -> None:
     assert page.count("2 callbacks (expected 1)") == 2  # stock's two lanes; none of fixed's
     assert len([m for m in fixed.marks if m.kind != result.EMAIL]) == 2
     assert "scheduler crashed" not in page
+
+
+def test_html_report_of_a_redelivery_has_one_lane_per_try_of_its_dag() -> None:
+    page = html_report.render_html([redelivery_result(fixed=False), redelivery_result()])
+    assert page.count(">redelivered_task</text>") == 2  # the Dag's label, once per run
+    assert CB not in page
+    assert "Redis redelivers it meanwhile with an expired token" in page

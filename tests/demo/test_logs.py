@@ -134,3 +134,23 @@ def test_owners_of_a_try_from_the_logs() -> None:
     assert logs.scheduler_owning(SCHEDULER_LOGS, "") is None
     assert logs.worker_owning(SCHEDULER_LOGS, "c-1") == "celery-worker-2"
     assert logs.worker_owning(SCHEDULER_LOGS, "") is None
+
+
+def test_counts_of_executor_events_for_running_tries() -> None:
+    fixed = (
+        "2026-01-01T00:01:25Z [warning] airflow-heartbeat-fix (heartbeat_judged_executor_events): executor "
+        "CeleryExecutor("
+        "parallelism=32) reported failed for task instance redelivered_task.work of run manual, try 1, "
+        "but the try is running on vm (pid 26273) and heartbeated 1.9 s ago: the event is set aside "
+        "until the try leaves running or its heartbeat is 9 s old\n"
+    )
+    stock = (
+        "Executor CeleryExecutor(parallelism=32) reported that the task instance <TaskInstance: "
+        "redelivered_task.work manual [running]> finished with state failed, but the task instance's state "
+        "attribute is running. Learn more: ...\n"
+    )
+    assert (logs.count_events_set_aside(fixed), logs.count_running_tries_failed_by_event(fixed)) == (1, 0)
+    assert (logs.count_events_set_aside(stock * 2), logs.count_running_tries_failed_by_event(stock * 2)) == (
+        0,
+        2,
+    )

@@ -6,7 +6,7 @@ import dataclasses
 
 from airflow_heartbeat_fix.demo import text_report, topology
 from airflow_heartbeat_fix.demo.result import RunResult, SchedulerOutcome, TryRow
-from tests.demo._results import CB, converged_result
+from tests.demo._results import CB, converged_result, redelivery_result
 
 
 def test_render_table_side_by_side() -> None:
@@ -63,3 +63,11 @@ def test_render_table_of_a_recorded_run_keeps_its_indented_rows() -> None:
     lines = text_report.render_table(runs).splitlines()
     assert lines[0].startswith("Airflow 3.3.2, sqlite")
     assert any(line.startswith("  try 1") for line in lines), lines
+
+
+def test_redelivery_rows_show_its_dag_and_what_the_schedulers_did_with_the_event() -> None:
+    table = text_report.render_table([redelivery_result(fixed=False), redelivery_result()])
+    assert CB not in table and "retry_after_heartbeat_timeout" not in table
+    assert "redelivered_task" in table
+    assert "events set aside" in table and "running try failed by an event" in table
+    assert "retry x1 (expected 1 per try)" in table  # stock's false retry callback

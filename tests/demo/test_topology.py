@@ -122,3 +122,17 @@ def test_kill_dag_processor_waits_for_every_failed_run_and_the_first_alert() -> 
         is None
     )
     assert topology.kill_target(scenario, [], {}, runs=runs, alerts_started=1) == topology.DAG_PROCESSOR
+
+
+def test_redelivery_scenario_deploys_its_own_dag_with_a_short_visibility_timeout_and_token() -> None:
+    redelivery = dataclasses.replace(CELERY, scenario=topology.REDELIVERY)
+    assert result.scenario_dag_ids(redelivery.scenario) == (result.REDELIVERY_DAG_ID,)
+    env = topology.executor_env(redelivery, database_url=PG, queue="q")
+    visibility = int(env["AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT"])
+    token_lifetime = int(env["AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT"])
+    # kombu looks every 100 s: the copy comes at most visibility + 100 s in, while the task still runs.
+    assert token_lifetime < visibility < visibility + 100 < result.REDELIVERY_TASK_SECONDS
+    assert "VISIBILITY_TIMEOUT" not in str(topology.executor_env(CELERY, database_url=PG, queue="q"))
+    assert topology.kill_target(topology.REDELIVERY, [], {}) is None
+    local = topology.Topology(scenario=topology.REDELIVERY)
+    assert "--scenario redelivery needs --executor celery" in (topology.topology_refusal(local, PG) or "")

@@ -6,16 +6,18 @@ import pytest
 
 from airflow_heartbeat_fix.demo import logs, result, verdicts
 from airflow_heartbeat_fix.demo.result import DagOutcome, SchedulerOutcome, TryRow
-from airflow_heartbeat_fix.detection import CLAIMED_FIX, NESTED_FIX, PURGE_FIX, SINK_FIX
+from airflow_heartbeat_fix.detection import CLAIMED_FIX, HEARTBEAT_EVENTS_FIX, NESTED_FIX, PURGE_FIX, SINK_FIX
 from tests.demo._results import (
     ACTIVE,
     CB,
     CRASH_NEEDS,
     DUPLICATES_NEEDS,
     NOT_NEEDED,
+    REDELIVERED,
     RETRY,
     UNSUPPORTED,
     converged_result,
+    redelivery_result,
 )
 
 
@@ -144,3 +146,70 @@ def test_kill_dag_processor_verdicts() -> None:
     assert len(verdicts.fixed_problems(missing)) == 2
     notice = verdicts.expectation_notice({CLAIMED_FIX: ACTIVE}, scenario=result.KILL_DAG_PROCESSOR_SCENARIO)
     assert notice.startswith("stock should show lost callbacks")
+
+
+@pytest.mark.parametrize(
+    ("needed", "bug"),
+    [
+        pytest.param(
+            {SINK_FIX: ACTIVE, PURGE_FIX: NOT_NEEDED, HEARTBEAT_EVENTS_FIX: ACTIVE},
+            verdicts.CRASH,
+            id="3.4: the retry crashes",
+        ),
+        pytest.param(
+            {SINK_FIX: ACTIVE, PURGE_FIX: ACTIVE, HEARTBEAT_EVENTS_FIX: ACTIVE},
+            verdicts.LIVE_TRY_FAILED,
+            id="3.0-3.3: the live try fails",
+        ),
+        pytest.param(
+            {SINK_FIX: NOT_NEEDED, PURGE_FIX: NOT_NEEDED, HEARTBEAT_EVENTS_FIX: ACTIVE},
+            verdicts.LIVE_TRY_FAILED,
+            id="sink fixed upstream: the live try fails",
+        ),
+        pytest.param(
+            {SINK_FIX: ACTIVE, HEARTBEAT_EVENTS_FIX: NOT_NEEDED}, None, id="upstream reads the heartbeat"
+        ),
+    ],
+)
+def test_expected_stock_bug_of_a_redelivery(needed: dict[str, str], bug: str | None) -> None:
+    assert verdicts.expected_stock_bug(needed, result.REDELIVERY_SCENARIO) == bug
+
+
+def test_redelivery_fixed_run_lets_the_live_try_succeed() -> None:
+    assert verdicts.fixed_problems(redelivery_result()) == []
+    failed = redelivery_result(fixed=True)
+    failed.dags[REDELIVERED] = redelivery_result(fixed=False).dags[REDELIVERED]
+    problems = "\n".join(verdicts.fixed_problems(failed))
+    assert f"{REDELIVERED}: try 1 failed, try 2 failed; expected try 1 success and no try 2" in problems
+    assert "callbacks" in problems
+    nothing_refused = redelivery_result(events_set_aside=0)
+    assert verdicts.fixed_problems(nothing_refused) == [
+        "no executor event was set aside: no redelivered copy was refused (yet)"
+    ]
+
+
+def test_redelivery_stock_run_reproduces_by_the_failed_live_try_or_the_crash() -> None:
+    stock = redelivery_result(fixed=False)
+    assert verdicts.stock_reproduced(stock) is True
+    untouched = redelivery_result(
+        fixed=False, needed_fixes=stock.needed_fixes, running_tries_failed_by_event=0
+    )
+    untouched.dags = redelivery_result().dags
+    assert verdicts.stock_reproduced(untouched) is False
+    crashed = redelivery_result(
+        fixed=False,
+        scheduler=SchedulerOutcome(crashed=True, error="UniqueViolation"),
+        needed_fixes={SINK_FIX: ACTIVE, PURGE_FIX: NOT_NEEDED, HEARTBEAT_EVENTS_FIX: ACTIVE},
+    )
+    assert verdicts.stock_reproduced(crashed) is True
+    crashed.reproduced = True
+    assert verdicts.verdict_cell(crashed) == "bug reproduced (crash)"
+
+
+def test_expectation_notice_of_a_redelivery_names_the_live_try() -> None:
+    needed = {SINK_FIX: ACTIVE, PURGE_FIX: ACTIVE, HEARTBEAT_EVENTS_FIX: ACTIVE}
+    notice = verdicts.expectation_notice(needed, scenario=result.REDELIVERY_SCENARIO)
+    assert notice.startswith("stock should show the live try failed")
+    assert notice.endswith("fixed, the try succeeds in its first try, with no callback")
+    crash = {**needed, PURGE_FIX: NOT_NEEDED}
+    assert "a scheduler crash" in verdicts.expectation_notice(crash, scenario=result.REDELIVERY_SCENARIO)

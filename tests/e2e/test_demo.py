@@ -7,7 +7,10 @@ session ``e2e_celery``), the same assertions hold for the demo's Celery topology
 
 Stock must really show the bug parity/expectations.toml declares for this Airflow (the crash on
 3.4.0b1/b2, duplicate callbacks on <= 3.3), and the demo's probe must expect that one; fixed must
-converge: scheduler alive, try 1 failed, try 2 created, one callback per try.
+converge: scheduler alive, try 1 failed, try 2 created, one callback per try. ``--scenario redelivery``
+(a live task that Redis redelivers with an expired token; not in CI, its task runs 150 s): stock fails
+the live try (3.4.0b1/b2: crashes on its retry), fixed sets the refused copy's event aside and the try
+succeeds in its first try, with no callback.
 """
 
 from __future__ import annotations
@@ -25,27 +28,40 @@ from typing import Any
 import psutil
 import pytest
 
-from airflow_heartbeat_fix.demo.result import CALLBACK_DAG_ID, DAG_IDS, KILLED_RUNS
-from airflow_heartbeat_fix.demo.topology import HUNG, KILL_DAG_PROCESSOR, KILL_SCHEDULER, KILL_WORKER
-from airflow_heartbeat_fix.demo.verdicts import CRASH, DUPLICATES, expected_stock_bug
-from airflow_heartbeat_fix.detection import PURGE_FIX, FixState
+from airflow_heartbeat_fix.demo.result import CALLBACK_DAG_ID, DAG_IDS, KILLED_RUNS, REDELIVERY_DAG_ID
+from airflow_heartbeat_fix.demo.topology import (
+    HUNG,
+    KILL_DAG_PROCESSOR,
+    KILL_SCHEDULER,
+    KILL_WORKER,
+    REDELIVERY,
+)
+from airflow_heartbeat_fix.demo.verdicts import CRASH, DUPLICATES, LIVE_TRY_FAILED, expected_stock_bug
+from airflow_heartbeat_fix.detection import HEARTBEAT_EVENTS_FIX, PURGE_FIX, FixState
 from airflow_heartbeat_fix.support import installed_airflow_version
 from parity.expectations import load
 
-DEMO_TIMEOUT = 900
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(DEMO_TIMEOUT + 60)]
 #: ``scripts/test.sh`` sets this for its PostgreSQL e2e cell; unset, the demo uses its embedded SQLite.
 DEMO_DATABASE = os.environ.get("HEARTBEAT_FIX_DEMO_DATABASE")
 #: Set by the ``e2e_celery`` cells: the demo runs its Celery topology on this broker, in this scenario.
 DEMO_BROKER_URL = os.environ.get("HEARTBEAT_FIX_DEMO_BROKER_URL")
 DEMO_SCENARIO = os.environ.get("HEARTBEAT_FIX_DEMO_SCENARIO", "hung")
+#: The redelivered task runs 150 s in each run (stock: its retry too, until the next redelivery fails it).
+LONG = DEMO_SCENARIO == REDELIVERY
+DEMO_TIMEOUT = 1050 if LONG else 900  # the cell is killed at 1200 s (noxfile CELL_TIMEOUT)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(DEMO_TIMEOUT + 60)]
 CELERY_ARGS = ["--executor", "celery", "--schedulers", "2", "--timeout", "300", "--scenario", DEMO_SCENARIO]
 TOPOLOGY_ARGS = [*CELERY_ARGS, "--broker-url", DEMO_BROKER_URL] if DEMO_BROKER_URL else []
 #: Six Airflow processes on two cores start and settle more slowly than three.
-MAX_DEMO_SECONDS = 600 if DEMO_BROKER_URL else 420
+MAX_DEMO_SECONDS = 900 if LONG else 600 if DEMO_BROKER_URL else 420
 #: The bug the stock run must show, by the ``[bugs.*]`` that parity/expectations.toml lists for a release:
 #: a purge that does not converge calls a try back again; a sink that ends the session crashes the retry.
 STOCK_BUG_OF_DECLARED = (("unconverged_purge", DUPLICATES), ("sink_crash_on_retry", CRASH))
+#: The same for a redelivery: the live try fails, and where the sink ends the session its retry crashes.
+STOCK_BUG_OF_DECLARED_REDELIVERY = (
+    ("sink_crash_on_retry", CRASH),
+    ("stale_executor_event_fails_live_try", LIVE_TRY_FAILED),
+)
 
 
 def _demo_command() -> list[str]:
@@ -99,7 +115,8 @@ def _tries(run: dict[str, Any], dag_id: str) -> dict[int, dict[str, Any]]:
 
 def _declared_stock_bug(version: str) -> str | None:
     declared = {name for name, bug in load().bugs.items() if version in bug.versions}
-    return next((kind for name, kind in STOCK_BUG_OF_DECLARED if name in declared), None)
+    of_declared = STOCK_BUG_OF_DECLARED_REDELIVERY if LONG else STOCK_BUG_OF_DECLARED
+    return next((kind for name, kind in of_declared if name in declared), None)
 
 
 def _callbacks(run: dict[str, Any]) -> dict[int, dict[str, int]]:
@@ -130,6 +147,11 @@ def test_fixed_column_converges(demo_run: dict[str, Any]) -> None:
     if DEMO_SCENARIO == KILL_DAG_PROCESSOR:  # every Dag run's failure alert finished once
         assert fixed["dag_callbacks_done"] == dict.fromkeys(KILLED_RUNS, 1), demo_run["output"]
         return
+    if LONG:  # the refused copy's event was set aside; the live try succeeded in its first try
+        assert fixed["events_set_aside"] >= 1, demo_run["output"]
+        assert {n: t["state"] for n, t in _tries(fixed, REDELIVERY_DAG_ID).items()} == {1: "success"}
+        assert fixed["dags"][REDELIVERY_DAG_ID]["callbacks"] == {}
+        return
     for dag_id in DAG_IDS:
         tries = _tries(fixed, dag_id)
         assert tries[1]["state"] == "failed", dag_id
@@ -148,8 +170,12 @@ def test_stock_column_reproduces_the_bug(demo_run: dict[str, Any]) -> None:
         return
     bug = _declared_stock_bug(installed_airflow_version())
     # The demo's probe read this Airflow as parity/expectations.toml declares it.
-    assert expected_stock_bug(stock["needed_fixes"]) == bug, stock["needed_fixes"]
-    if bug == CRASH:
+    assert expected_stock_bug(stock["needed_fixes"], DEMO_SCENARIO) == bug, stock["needed_fixes"]
+    if bug == LIVE_TRY_FAILED:
+        assert _tries(stock, REDELIVERY_DAG_ID)[1]["state"] != "success", demo_run["output"]
+        assert stock["running_tries_failed_by_event"] >= 1
+        assert "bug reproduced (live try failed)" in demo_run["proc"].stdout
+    elif bug == CRASH:
         assert stock["scheduler"]["crashed"] is True, demo_run["output"]
         assert re.search(r"UniqueViolation|UNIQUE constraint failed", stock["scheduler"]["error"] or "")
         assert "bug reproduced (crash)" in demo_run["proc"].stdout
@@ -167,6 +193,9 @@ def test_a_log_line_names_the_fix_for_each_try_it_converged(demo_run: dict[str, 
     runs = demo_run["result"]["runs"]
     assert runs["stock"]["scheduler"]["actions"] == {}, demo_run["output"]
     fixed = runs["fixed"]
+    if LONG:  # the event set aside, then handed back once the try succeeded: two lines at least
+        assert fixed["scheduler"]["actions"].get(HEARTBEAT_EVENTS_FIX, 0) >= 2, demo_run["output"]
+        return
     if DEMO_SCENARIO != HUNG:  # a kill fails some tries through other paths (adoption, executor events)
         return
     failed = sum(t["state"] == "failed" for dag_id in DAG_IDS for t in fixed["dags"][dag_id]["tries"])

@@ -101,16 +101,19 @@ def _make_running(
     job_runner: Any,
     session: Session,
     *,
-    stale_for: timedelta = STALE_FOR,
+    stale_for: timedelta | None = STALE_FOR,
     try_number: int = 1,
 ) -> TaskInstance:
-    """Leave ``ti`` the way a hung worker does: RUNNING, queued by ``job_runner``, heartbeat long gone."""
+    """
+    Leave ``ti`` the way a hung worker does: RUNNING, queued by ``job_runner``, heartbeat long gone
+    (``stale_for=None``: no heartbeat recorded, as upstream's executor-event tests leave it).
+    """
     now = datetime.now(timezone.utc)
     ti.state = TaskInstanceState.RUNNING
     ti.try_number = try_number
     ti.queued_by_job_id = job_runner.job.id
-    ti.start_date = now - stale_for - timedelta(seconds=10)
-    ti.last_heartbeat_at = now - stale_for
+    ti.start_date = now - (stale_for or timedelta(0)) - timedelta(seconds=10)
+    ti.last_heartbeat_at = None if stale_for is None else now - stale_for
     ti.hostname = "hung-worker"
     session.merge(ti)
     session.commit()
@@ -736,10 +739,7 @@ class TestSchedulerJob:
             _empty_operator("stall", retries=retries, callbacks=True)
         dag_run = dag_maker.create_dagrun(run_id="run_external_kill", state=DagRunState.RUNNING)
         ti = _make_running(
-            dag_run.get_task_instance("stall", session=session),
-            self.job_runner,
-            session,
-            stale_for=timedelta(0),
+            dag_run.get_task_instance("stall", session=session), self.job_runner, session, stale_for=None
         )
         _report_event(_default_executor(self.job_runner), ti, TaskInstanceState.FAILED)
 

@@ -413,6 +413,11 @@ def _progress(message: str) -> None:
 # -- printing ------------------------------------------------------------------------------------------
 
 
+def _cell(report: dict[str, Any], row: dict[str, Any], mode: str) -> list[Any]:
+    """The columns that say which run a table row is: release, database, N, retries, mode."""
+    return [report["version"], report["db"], row["n"], row["retries"], mode]
+
+
 def _fmt_wall(summary: dict[str, Any]) -> str:
     if summary["wall_median"] is None:
         return f"crashes ({summary['error'][:40]})" if summary["error"] else "-"
@@ -455,11 +460,7 @@ def purge_table(versions: list[dict[str, Any]]) -> str:
                 cpu = f"{s['cpu_median']:.2f}" if s.get("cpu_median") is not None else "-"
                 rows.append(
                     [
-                        report["version"],
-                        report["db"],
-                        row["n"],
-                        row["retries"],
-                        mode,
+                        *_cell(report, row, mode),
                         _fmt_wall(s),
                         vs_anchor,
                         vs_stock,
@@ -628,11 +629,7 @@ def listener_table(versions: list[dict[str, Any]]) -> str:
                 outcome = "yes" if s["converged"] else "no" + (f" ({s['error'][:40]})" if s["error"] else "")
                 rows.append(
                     [
-                        report["version"],
-                        report["db"],
-                        row["n"],
-                        row["retries"],
-                        mode,
+                        *_cell(report, row, mode),
                         per_ti,
                         base,
                         s.get("nested_sessions", 0),

@@ -13,11 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pytest
-from airflow.models.db_callback_request import DbCallbackRequest
 from airflow.providers.standard.operators.empty import EmptyOperator
-from airflow.utils.session import create_session
-from sqlalchemy import delete
-from tests_common.test_utils.db import clear_db_callbacks, clear_db_jobs, clear_db_logs, clear_db_runs
 
 from airflow_heartbeat_fix.activation import is_enabled
 from testing.killed_dag_processor import (
@@ -34,7 +30,6 @@ from testing.killed_dag_processor import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from pathlib import Path
 
     from sqlalchemy.orm import Session
@@ -49,22 +44,6 @@ def _inflation_fix_needed() -> bool:
     from airflow_heartbeat_fix.detection import INFLATION_FIX, FixState
 
     return decide(facts(), enabled=True)[INFLATION_FIX].state is FixState.ACTIVE
-
-
-def _clean_db() -> None:
-    clear_db_runs()
-    clear_db_jobs()
-    clear_db_callbacks()
-    clear_db_logs()
-    with create_session() as session:
-        session.execute(delete(DbCallbackRequest))
-
-
-@pytest.fixture
-def clean_db() -> Iterator[None]:
-    _clean_db()
-    yield
-    _clean_db()
 
 
 @pytest.fixture

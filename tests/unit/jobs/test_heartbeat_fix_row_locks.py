@@ -24,13 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from airflow.models.dag import DagModel
-from airflow.models.db_callback_request import DbCallbackRequest
 from airflow.models.taskinstance import TaskInstance
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.utils.session import create_session
-from sqlalchemy import delete, update
+from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
-from tests_common.test_utils.db import clear_db_callbacks, clear_db_jobs, clear_db_logs, clear_db_runs
 
 from airflow_heartbeat_fix import activation
 from airflow_heartbeat_fix import purge as purge_module
@@ -42,7 +40,6 @@ from testing.killed_scheduler import kill_scheduler_mid_purge
 from testing.scheduler import make_stale, new_runner, purge_pass
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from pathlib import Path
 
     from sqlalchemy.orm import Session
@@ -52,22 +49,6 @@ pytestmark = pytest.mark.db_test
 
 #: Task instances per purged batch: enough for a first, a second and a last one with others between.
 BATCH = 4
-
-
-def _clean_db() -> None:
-    clear_db_runs()
-    clear_db_jobs()
-    clear_db_callbacks()
-    clear_db_logs()
-    with create_session() as session:
-        session.execute(delete(DbCallbackRequest))
-
-
-@pytest.fixture
-def clean_db() -> Iterator[None]:
-    _clean_db()
-    yield
-    _clean_db()
 
 
 @pytest.mark.backend("postgres")

@@ -38,6 +38,7 @@ from airflow_heartbeat_fix.detection import (
     FixDecision,
     FixState,
     decide,
+    hooks_of,
 )
 from airflow_heartbeat_fix.facts import (
     AirflowFacts,
@@ -153,6 +154,7 @@ def _dag_processor_code() -> DagProcessorCode:
         should_use_exec=_compat.file_processors_use_exec,
         execute_callbacks=originals["execute_callbacks"],
         parse_file=originals["parse_file"],
+        hooks=hooks_of(DAG_PROCESSOR),
     )
 
 
@@ -181,6 +183,7 @@ def facts(targets: tuple[str, ...] = TARGETS) -> AirflowFacts:
         sink_cls=originals["sink"],
         runner_cls=originals["runner"],
         session_code=_session_code(),
+        hooks=hooks_of(SCHEDULER),
         execute_callbacks=dag_processor_execute_callbacks(),
         dag_processor=processor_code,
     )

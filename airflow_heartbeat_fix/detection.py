@@ -332,6 +332,11 @@ DAG_PROCESSOR_RULES = (
 RULES = SCHEDULER_RULES + DAG_PROCESSOR_RULES
 
 
+def hooks_of(target: str) -> tuple[str, ...]:
+    """Every method of :data:`TARGET_CLASSES`'s class that ``target``'s fixes wrap, once each."""
+    return tuple(dict.fromkeys(hook for rule in RULES if rule.target == target for hook in rule.hooks))
+
+
 def decide_rule(
     rule: Rule, facts: AirflowFacts, *, enabled: bool, decided: dict[str, FixDecision]
 ) -> FixDecision:

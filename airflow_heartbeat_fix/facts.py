@@ -13,16 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_heartbeat_fix.detection import (
-    ADOPTION_FIX_HOOKS,
-    CLAIMED_FIX_HOOKS,
-    EVENT_TYPE_FIX_HOOKS,
-    HEARTBEAT_EVENTS_FIX_HOOKS,
-    NESTED_FIX_HOOKS,
-    PURGE_FIX_HOOKS,
-    SINK_FIX_HOOKS,
-)
-
 
 @dataclass(frozen=True)
 class DagProcessorFacts:
@@ -326,11 +316,13 @@ class DagProcessorCode:
     should_use_exec: Any
     execute_callbacks: Any
     parse_file: Any
+    #: The manager's methods the Dag processor's fixes wrap (:func:`~.detection.hooks_of`).
+    hooks: tuple[str, ...] = ()
 
 
 def read_dag_processor_facts(code: DagProcessorCode) -> DagProcessorFacts:
     fetch = stock_callback_fetch(code.manager_cls)
-    missing = tuple(hook for hook in CLAIMED_FIX_HOOKS if not hasattr(code.manager_cls, hook))
+    missing = tuple(hook for hook in code.hooks if not hasattr(code.manager_cls, hook))
     return DagProcessorFacts(
         fetch_deletes_requests=fetch_deletes_requests(fetch),
         callback_payload=callback_payload(code.callback_columns),
@@ -359,11 +351,13 @@ def read_facts(
     sink_cls: type | None,
     runner_cls: type,
     session_code: SessionCode,
+    hooks: tuple[str, ...],
     execute_callbacks: Any = None,
     dag_processor: DagProcessorCode | None = None,
 ) -> AirflowFacts:
     """
     Inspect Airflow's own (unpatched) sink and scheduler classes; ``sink_cls`` None: no such sink.
+    ``hooks``: the scheduler's methods its fixes wrap (:func:`~.detection.hooks_of`), each looked for.
 
     ``execute_callbacks``: the Dag processor's ``_execute_callbacks``, where it has one. ``dag_processor``:
     the Dag processor's code, where its fixes are decided.
@@ -371,15 +365,7 @@ def read_facts(
     processor_facts = None if dag_processor is None else read_dag_processor_facts(dag_processor)
     if sink_cls is None:
         return AirflowFacts(version, None, None, has_callback_sink=False, dag_processor=processor_facts)
-    hooks = (
-        *SINK_FIX_HOOKS,
-        *PURGE_FIX_HOOKS,
-        *EVENT_TYPE_FIX_HOOKS,
-        *ADOPTION_FIX_HOOKS,
-        *NESTED_FIX_HOOKS,
-        *HEARTBEAT_EVENTS_FIX_HOOKS,
-    )
-    missing = tuple(dict.fromkeys(hook for hook in hooks if not hasattr(runner_cls, hook)))
+    missing = tuple(hook for hook in hooks if not hasattr(runner_cls, hook))
     return AirflowFacts(
         version=version,
         sink_commits_caller_session=sink_commits_caller_session(sink_cls),

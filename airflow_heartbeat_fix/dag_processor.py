@@ -39,7 +39,7 @@ from airflow_heartbeat_fix.detection import (
     INFLATION_FIX,
     ISOLATED_FIX,
 )
-from airflow_heartbeat_fix.facts import stock_callback_fetch
+from airflow_heartbeat_fix.facts import names_used, stock_callback_fetch
 from airflow_heartbeat_fix.logs import fix_logger
 from airflow_heartbeat_fix.metrics import emit_fix_gauges
 
@@ -111,7 +111,7 @@ class FetchShape:
     @classmethod
     def of(cls, stock_fetch: Any) -> FetchShape:
         """Read off the stock fetch's code (3.0 orders ascending; 3.1.2+ filter by bundle; 3.4 ready ones)."""
-        names = frozenset(getattr(getattr(stock_fetch, "__code__", None), "co_names", ()))
+        names = names_used(stock_fetch) or frozenset()
         return cls("asc" in names, "_dag_bundles" in names, "is_initialized" in names)
 
 

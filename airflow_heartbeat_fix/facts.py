@@ -10,6 +10,8 @@ Only the standard library is imported at module level.
 
 from __future__ import annotations
 
+import dis
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,9 +63,35 @@ class AirflowFacts:
     executor_events_read_heartbeat: bool | None = True
 
 
-def _names_used(func: Any) -> frozenset[str] | None:
+def _nested_codes(code: types.CodeType) -> list[types.CodeType]:
+    """
+    ``code`` and every code object defined in it. Before Python 3.12 (PEP 709) a comprehension is its own
+    code object, so a name used only inside one is in its ``co_names``, not in the function's.
+    """
+    nested = (const for const in code.co_consts if isinstance(const, types.CodeType))
+    return [code, *(inner for const in nested for inner in _nested_codes(const))]
+
+
+def code_names(code: types.CodeType) -> frozenset[str]:
+    """The global and attribute names ``code`` uses, comprehensions and nested functions included."""
+    return frozenset(name for each in _nested_codes(code) for name in each.co_names)
+
+
+def names_in_order(code: types.CodeType) -> list[str]:
+    """Every name and string ``code`` loads in order, a comprehension's where the comprehension stands."""
+    names: list[str] = []
+    for ins in dis.get_instructions(code):
+        if isinstance(ins.argval, types.CodeType):
+            names.extend(names_in_order(ins.argval))
+        elif isinstance(ins.argval, str):
+            names.append(ins.argval)
+    return names
+
+
+def names_used(func: Any) -> frozenset[str] | None:
+    """:func:`code_names` of a function; ``None`` for anything without code."""
     code = getattr(func, "__code__", None)
-    return frozenset(code.co_names) if code is not None else None
+    return code_names(code) if code is not None else None
 
 
 def _is_provide_session_wrapper(func: Any) -> bool:
@@ -103,8 +131,8 @@ def purge_converges(runner_cls: type) -> bool | None:
     Upstream's converged purge calls ``handle_failure`` and its scan uses ``with_row_locks``; the
     unconverged one only sends a ``TaskCallbackRequest`` (``send_callback``).
     """
-    purge = _names_used(getattr(runner_cls, "_purge_task_instances_without_heartbeats", None))
-    find = _names_used(getattr(runner_cls, "_find_task_instances_without_heartbeats", None))
+    purge = names_used(getattr(runner_cls, "_purge_task_instances_without_heartbeats", None))
+    find = names_used(getattr(runner_cls, "_find_task_instances_without_heartbeats", None))
     if purge is None or find is None or "send_callback" not in purge:
         return None
     if "handle_failure" in purge:
@@ -114,7 +142,8 @@ def purge_converges(runner_cls: type) -> bool | None:
 
 def _keyword_names(code: Any) -> frozenset[str]:
     """Keyword-argument names passed in ``code`` (CPython keeps them as tuples of strings in co_consts)."""
-    tuples = (const for const in code.co_consts if isinstance(const, tuple))
+    consts = (const for each in _nested_codes(code) for const in each.co_consts)
+    tuples = (const for const in consts if isinstance(const, tuple))
     return frozenset(name for names in tuples for name in names if isinstance(name, str))
 
 
@@ -128,9 +157,9 @@ def purge_locks_each_ti(runner_cls: type) -> bool | None:
     """
     purge = getattr(runner_cls, "_purge_task_instances_without_heartbeats", None)
     code = getattr(purge, "__code__", None)
-    if code is None or "send_callback" not in code.co_names:
+    if code is None or "send_callback" not in code_names(code):
         return None
-    names = set(code.co_names) | _keyword_names(code)
+    names = code_names(code) | _keyword_names(code)
     return bool(names & {"with_row_locks", "with_for_update", "lock_for_update"})
 
 
@@ -142,7 +171,7 @@ def executor_events_type_callbacks(runner_cls: type) -> bool | None:
     the request is untyped and the Dag processor runs it as ``on_failure_callback``.
     """
     code = getattr(getattr(runner_cls, "process_executor_events", None), "__code__", None)
-    if code is None or "TaskCallbackRequest" not in code.co_names:
+    if code is None or "TaskCallbackRequest" not in code_names(code):
         return None
     return "task_callback_type" in _keyword_names(code)
 
@@ -157,9 +186,9 @@ def executor_events_read_heartbeat(runner_cls: type) -> bool | None:
     reading it. A body without ``handle_failure`` is a shape not recognised.
     """
     code = getattr(getattr(runner_cls, "process_executor_events", None), "__code__", None)
-    if code is None or "handle_failure" not in code.co_names:
+    if code is None or "handle_failure" not in code_names(code):
         return None
-    return "last_heartbeat_at" in code.co_names
+    return "last_heartbeat_at" in code_names(code)
 
 
 #: Session reads that, after the executors' adoption, would load the orphans again (upstream's proposal).
@@ -174,13 +203,11 @@ def adoption_keeps_orphans_attached(runner_cls: type) -> bool | None:
     Every release up to 3.4.0b2 selects the orphans (``load_only``) and then only writes to the
     instances it handed the executors (apache/airflow#71272); #71348 proposes re-selecting them by id.
     """
-    import dis
-
     adopt = getattr(runner_cls, "adopt_or_reset_orphaned_tasks", None)
     code = getattr(getattr(adopt, "__wrapped__", adopt), "__code__", None)
-    if code is None or "try_adopt_task_instances" not in code.co_names:
+    if code is None or "try_adopt_task_instances" not in code_names(code):
         return None
-    names = [ins.argval for ins in dis.get_instructions(code) if isinstance(ins.argval, str)]
+    names = names_in_order(code)
     after = names[names.index("try_adopt_task_instances") + 1 :]
     return bool(_REREADS.intersection(after))
 
@@ -198,7 +225,7 @@ def nested_session_ends_transaction(generator: Any) -> bool | None:
 
     if not inspect.isgeneratorfunction(generator):
         return None
-    names = frozenset(generator.__code__.co_names)
+    names = code_names(generator.__code__)
     if "begin_nested" in names:
         return False
     return True if {"commit", "rollback", "close"} <= names else None
@@ -207,7 +234,7 @@ def nested_session_ends_transaction(generator: Any) -> bool | None:
 def metastore_expunges(backend_cls: type | None) -> bool:
     """Whether the metastore secrets backend's lookups ``expunge_all()`` their session (3.0, 3.1)."""
     lookups = (getattr(backend_cls, name, None) for name in ("get_connection", "get_variable"))
-    codes = (_names_used(getattr(lookup, "__wrapped__", lookup)) for lookup in lookups)
+    codes = (names_used(getattr(lookup, "__wrapped__", lookup)) for lookup in lookups)
     return any(names is not None and "expunge_all" in names for names in codes)
 
 
@@ -216,12 +243,10 @@ def listeners_before_next_try(task_instance_cls: type | None) -> bool:
     Whether a failing try's listeners run before ``prepare_db_for_next_try`` archives it (3.4), so that a
     listener's session, closing the scheduler's, leaves nothing for the archive to write.
     """
-    import dis
-
     code = getattr(getattr(task_instance_cls, "fetch_handle_failure_context", None), "__code__", None)
     if code is None:
         return False
-    names = [ins.argval for ins in dis.get_instructions(code) if isinstance(ins.argval, str)]
+    names = names_in_order(code)
     notified = [at for at, name in enumerate(names) if name in ("notify_failure", "get_listener_manager")]
     archived = [at for at, name in enumerate(names) if name == "prepare_db_for_next_try"]
     return bool(notified and archived and notified[0] < archived[0])
@@ -233,7 +258,7 @@ def processor_runs_task_callbacks(execute_callbacks: Any) -> bool:
 
     Only a clear "no" counts: a shape without ``NotImplementedError`` is taken to run them.
     """
-    names = _names_used(execute_callbacks)
+    names = names_used(execute_callbacks)
     return names is None or "NotImplementedError" not in names or "_execute_task_callbacks" in names
 
 
@@ -260,7 +285,7 @@ def stock_callback_fetch(manager_cls: type) -> Any:
 
 def fetch_deletes_requests(fetch: Any) -> bool | None:
     """Whether the manager's fetch deletes the requests it reads (``session.delete`` of each row)."""
-    names = _names_used(fetch)
+    names = names_used(fetch)
     if names is None or "get_callback_request" not in names:
         return None
     return "delete" in names
@@ -276,13 +301,13 @@ def file_processors_forked(start: Any, should_use_exec: Any) -> bool:
     Whether ``DagFileProcessorProcess.start`` forks the file processor (every release on Linux). 3.4 asks
     the Task SDK's ``_should_use_exec()`` (true on macOS) and then spawns a fresh interpreter instead.
     """
-    names = _names_used(_unwrapped(start)) or frozenset()
+    names = names_used(_unwrapped(start)) or frozenset()
     return "_should_use_exec" not in names or not should_use_exec()
 
 
 def requests_isolated(execute_callbacks: Any) -> bool | None:
     """Whether ``_execute_callbacks`` catches each request's exception and goes on (``log.exception``)."""
-    names = _names_used(execute_callbacks)
+    names = names_used(execute_callbacks)
     if names is None or not any(name.startswith("_execute_") for name in names):
         return None
     return "exception" in names
@@ -293,14 +318,12 @@ def inflation_check_blocks_callbacks(parse_file: Any) -> bool | None:
     Whether ``_parse_file`` returns the Dag version inflation check's error before it looks at the
     message's callback requests (3.2.0 to 3.3.1). No check at all (3.0, 3.1): False.
     """
-    import dis
-
     code = getattr(parse_file, "__code__", None)
-    if code is None or "callback_requests" not in code.co_names:
+    if code is None or "callback_requests" not in code_names(code):
         return None
-    if "check_dag_file_stability" not in code.co_names:
+    if "check_dag_file_stability" not in code_names(code):
         return False
-    names = [ins.argval for ins in dis.get_instructions(code) if isinstance(ins.argval, str)]
+    names = names_in_order(code)
     if "get_error_format_dict" not in names:
         return None
     return names.index("get_error_format_dict") < names.index("callback_requests")

@@ -83,6 +83,23 @@ def test_fetch_shape_is_read_off_the_stock_fetch() -> None:
     assert FetchShape.of(current) == FetchShape(ascending=False, by_bundle=True, ready_bundles_only=True)
 
 
+def test_fetch_shape_of_the_installed_release_agrees_with_its_source() -> None:
+    """On every Python: before 3.12 the names a comprehension uses are not in the function's own code."""
+    import inspect
+
+    from airflow.dag_processing.manager import DagFileProcessorManager
+
+    from airflow_heartbeat_fix.facts import stock_callback_fetch
+
+    fetch = stock_callback_fetch(DagFileProcessorManager)
+    source = inspect.getsource(fetch)
+    assert FetchShape.of(fetch) == FetchShape(
+        ascending=".asc()" in source,
+        by_bundle="self._dag_bundles" in source,
+        ready_bundles_only=".is_initialized" in source,
+    )
+
+
 def test_describe_names_the_request() -> None:
     from airflow.callbacks.callback_requests import DagCallbackRequest
 

@@ -117,8 +117,10 @@ def _reset_records_history() -> bool:
     """Whether this release's reset records the abandoned try first (3.1.6+: ``prepare_db_for_next_try``)."""
     from airflow.jobs.scheduler_job_runner import SchedulerJobRunner  # Airflow's own, never patched
 
+    from airflow_heartbeat_fix.facts import names_used
+
     adopt = SchedulerJobRunner.adopt_or_reset_orphaned_tasks
-    return "prepare_db_for_next_try" in getattr(adopt, "__wrapped__", adopt).__code__.co_names
+    return "prepare_db_for_next_try" in (names_used(getattr(adopt, "__wrapped__", adopt)) or ())
 
 
 def _live_job(session: Session) -> Job:

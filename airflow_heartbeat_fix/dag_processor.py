@@ -39,7 +39,7 @@ from airflow_heartbeat_fix.detection import (
     INFLATION_FIX,
     ISOLATED_FIX,
 )
-from airflow_heartbeat_fix.facts import names_used, stock_callback_fetch
+from airflow_heartbeat_fix.facts import names_used, queue_front, stock_callback_fetch
 from airflow_heartbeat_fix.logs import fix_logger
 from airflow_heartbeat_fix.metrics import emit_fix_gauges
 
@@ -98,6 +98,14 @@ def files_to_requeue(
     """Files with requests waiting that neither run nor are queued (their processor just finished)."""
     busy = set(processing) | set(queued)
     return [file for file, requests in waiting.items() if requests and file not in busy]
+
+
+def queue_first(manager: Any, files: list[Any]) -> None:
+    """Put ``files`` at the front of ``manager``'s file queue, with the keyword this release takes."""
+    front = queue_front(DagFileProcessorManager)
+    assert front is not None, "detection leaves the fix unpatched where the queue takes neither keyword"
+    keyword, value = front
+    manager._add_files_to_queue(files, **{keyword: value})
 
 
 @dataclass(frozen=True)
@@ -323,7 +331,7 @@ class ClaimedDeliveryMixin(DagFileProcessorManager):
                 CLAIMED_FIX,
                 len(requeue),
             )
-            self._add_files_to_queue(requeue, mode="front")
+            queue_first(self, requeue)
 
 
 class FetchCallbacksMixin(ClaimedDeliveryMixin):

@@ -275,12 +275,18 @@ def _dag_processor(facts: AirflowFacts) -> DagProcessorFacts:
 
 
 def _claim_blocked(facts: AirflowFacts) -> str | None:
-    if _dag_processor(facts).file_processors_forked:
-        return None
-    return (
-        "this Airflow starts file processors as fresh interpreters on this platform (not os.fork), so the "
-        "rows of a batch cannot reach them; left unpatched"
-    )
+    found = _dag_processor(facts)
+    if not found.file_processors_forked:
+        return (
+            "this Airflow starts file processors as fresh interpreters on this platform (not os.fork), so "
+            "the rows of a batch cannot reach them; left unpatched"
+        )
+    if found.queue_front is None:
+        return (
+            "DagFileProcessorManager._add_files_to_queue takes neither mode nor add_at_front, so a file "
+            "whose requests wait cannot be queued again; left unpatched"
+        )
+    return None
 
 
 def _claimed_needed(facts: AirflowFacts) -> bool | None:

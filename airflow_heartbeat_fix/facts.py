@@ -11,6 +11,7 @@ Only the standard library is imported at module level.
 from __future__ import annotations
 
 import dis
+import inspect
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,8 @@ class DagProcessorFacts:
     requests_isolated: bool | None = True
     #: The Dag version inflation check returns before a file's callbacks run (3.2.0 to 3.3.1, #70987).
     inflation_check_blocks_callbacks: bool | None = False
+    #: The keyword argument and value that make ``_add_files_to_queue`` put files first (:func:`queue_front`).
+    queue_front: tuple[str, Any] | None = ("mode", "front")
     missing_hooks: tuple[str, ...] = ()
 
 
@@ -313,6 +316,23 @@ def requests_isolated(execute_callbacks: Any) -> bool | None:
     return "exception" in names
 
 
+def queue_front(manager_cls: type) -> tuple[str, Any] | None:
+    """
+    How the manager's ``_add_files_to_queue`` is told to put files at the front of the queue:
+    ``mode="front"`` from 3.1.8, ``add_at_front=True`` before; ``None`` if it takes neither.
+    """
+    add = getattr(manager_cls, "_add_files_to_queue", None)
+    try:
+        parameters = inspect.signature(add).parameters if add is not None else {}
+    except (TypeError, ValueError):
+        return None
+    if "mode" in parameters:
+        return ("mode", "front")
+    if "add_at_front" in parameters:
+        return ("add_at_front", True)
+    return None
+
+
 def inflation_check_blocks_callbacks(parse_file: Any) -> bool | None:
     """
     Whether ``_parse_file`` returns the Dag version inflation check's error before it looks at the
@@ -352,6 +372,7 @@ def read_dag_processor_facts(code: DagProcessorCode) -> DagProcessorFacts:
         file_processors_forked=file_processors_forked(code.file_processor_start, code.should_use_exec),
         requests_isolated=requests_isolated(code.execute_callbacks),
         inflation_check_blocks_callbacks=inflation_check_blocks_callbacks(code.parse_file),
+        queue_front=queue_front(code.manager_cls),
         missing_hooks=missing,
     )
 

@@ -21,6 +21,7 @@ from airflow_heartbeat_fix.dag_processor import (
     files_to_requeue,
     interrupted_first,
     judge,
+    queue_first,
 )
 from airflow_heartbeat_fix.detection import (
     CLAIMED_FIX,
@@ -66,6 +67,21 @@ def test_interrupted_requests_first_in_a_batch() -> None:
 def test_files_with_waiting_requests_are_queued_again_once_their_processor_is_gone() -> None:
     waiting: dict[str, list[Any]] = {"parsed": [1], "running": [2], "queued": [3], "nothing": []}
     assert files_to_requeue(waiting, processing={"running"}, queued={"queued"}) == ["parsed"]
+
+
+def test_queue_first_puts_files_first_in_the_installed_managers_queue() -> None:
+    """3.0.0 to 3.1.7 take ``add_at_front``, later releases ``mode``: a wrong one ends the Dag processor."""
+    from pathlib import Path
+
+    from airflow.dag_processing.manager import DagFileInfo, DagFileProcessorManager
+
+    manager = DagFileProcessorManager(max_runs=1)
+    parsed, waiting = (
+        DagFileInfo(rel_path=Path(name), bundle_name="dags-folder") for name in ("a.py", "b.py")
+    )
+    queue_first(manager, [parsed])
+    queue_first(manager, [waiting])
+    assert list(manager._file_queue) == [waiting, parsed]
 
 
 def test_fetch_shape_is_read_off_the_stock_fetch() -> None:

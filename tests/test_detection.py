@@ -38,6 +38,7 @@ from airflow_heartbeat_fix.facts import (
     processor_runs_task_callbacks,
     purge_converges,
     purge_locks_each_ti,
+    queue_front,
     requests_isolated,
     sink_commits_caller_session,
 )
@@ -224,6 +225,9 @@ def test_facts_of_this_airflow_are_recognised():
     assert processor.file_processors_forked is True  # Linux
     assert processor.requests_isolated is ("bad_request_drops_batch" not in has)
     assert processor.inflation_check_blocks_callbacks is ("inflation_check_drops_callbacks" in has)
+    # 3.1.8 replaced _add_files_to_queue's add_at_front flag with mode.
+    old_queue = facts.version.startswith("3.0.") or facts.version in [f"3.1.{n}" for n in range(8)]
+    assert processor.queue_front == (("add_at_front", True) if old_queue else ("mode", "front"))
 
 
 @pytest.mark.parametrize("enabled", [True, False])
@@ -404,6 +408,7 @@ def _processor(**facts: object) -> AirflowFacts:
         pytest.param({"file_processors_forked": False}, True, (U, A, A), id="spawned file processors"),
         pytest.param({"missing_hooks": ("_create_process",)}, True, (U, U, U), id="no _create_process"),
         pytest.param({"requests_isolated": None}, True, (A, U, A), id="execute_callbacks not recognised"),
+        pytest.param({"queue_front": None}, True, (U, A, A), id="file queue not recognised"),
     ],
 )
 def test_decide_dag_processor(
@@ -421,6 +426,8 @@ def test_dag_processor_reasons_name_the_upstream_changes():
     assert "fresh interpreters" in decided[CLAIMED_FIX].reason
     missing = decide(_processor(missing_hooks=("_create_process",)), enabled=True)[CLAIMED_FIX].reason
     assert "DagFileProcessorManager has no _create_process" in missing
+    queue = decide(_processor(queue_front=None), enabled=True)[CLAIMED_FIX].reason
+    assert "takes neither mode nor add_at_front" in queue
 
 
 def test_dag_processor_fact_readers():
@@ -531,3 +538,19 @@ def test_executor_event_heartbeat_shapes():
     assert executor_events_read_heartbeat(ReadsHeartbeat) is True
     assert executor_events_read_heartbeat(Unknown) is None
     assert executor_events_read_heartbeat(object) is None
+
+
+def test_queue_front_is_read_off_the_queue_signature() -> None:
+    class Current:
+        def _add_files_to_queue(self, files: list[object], *, mode: str) -> None: ...
+
+    class Legacy:
+        def _add_files_to_queue(self, files: list[object], add_at_front: bool) -> None: ...
+
+    class Unknown:
+        def _add_files_to_queue(self, files: list[object], where: str) -> None: ...
+
+    assert queue_front(Current) == ("mode", "front")
+    assert queue_front(Legacy) == ("add_at_front", True)
+    assert queue_front(Unknown) is None
+    assert queue_front(object) is None
